@@ -1,0 +1,43 @@
+"""The registry of allreduce algorithms: one module each, one function ``(comm, buf, op)``.
+
+An algorithm reduces ``buf`` (1-D, C-contiguous, the same length and dtype on every rank of
+``comm``) in place with ``op`` (a ``Reduction``), so that every rank ends with bitwise the same
+result. ``comm`` is the library's own communicator (``LibraryComm``) of at least two ranks;
+``buf`` is never empty. Validation happens before an algorithm is called.
+
+=====================  ===========================================  =================================
+name                   what it does                                 when it is the right choice
+=====================  ===========================================  =================================
+``naive``              everyone sends to rank 0, which reduces and  never; the baseline to beat
+                       sends the result back to everyone
+``tree``               binomial-tree reduce to rank 0, then         small messages: lg p steps
+                       binomial-tree broadcast
+``ring``               reduce-scatter then allgather around a       large messages: each rank sends
+                       ring, p-1 steps each                         and receives only 2(p-1)/p n
+``mpi``                MPI's own ``Allreduce``                      the oracle and the yardstick
+=====================  ===========================================  =================================
+"""
+from typing import Callable, Dict
+
+import numpy as np
+
+from ..comm import LibraryComm
+from ..reduction import Reduction
+
+Algorithm = Callable[[LibraryComm, np.ndarray, Reduction], None]
+
+#: name -> algorithm function; ``allreduce(..., algorithm=name)`` looks names up here.
+ALGORITHMS: Dict[str, Algorithm] = {}
+
+
+def register(name: str) -> Callable[[Algorithm], Algorithm]:
+    """Decorator: add an algorithm to ``ALGORITHMS`` under ``name``."""
+
+    def add(fn: Algorithm) -> Algorithm:
+        ALGORITHMS[name] = fn
+        return fn
+
+    return add
+
+
+from . import naive, tree, ring, mpi  # noqa: E402,F401  (each module registers itself)

@@ -1,0 +1,86 @@
+"""``allreduce``: validate locally, optionally agree across ranks, then run one algorithm."""
+import os
+from typing import Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from . import kernels
+from .algorithms import ALGORITHMS
+from .comm import library_comm
+from .reduction import OPS, reduction
+from . import selection
+
+#: ``ALLREDUCE_KIT_CHECK=1`` turns ``check=True`` on for every call that does not say otherwise.
+CHECK_BY_DEFAULT = os.environ.get("ALLREDUCE_KIT_CHECK", "0").lower() not in ("", "0", "false", "no")
+
+
+def validate(buf, op: str, algorithm: str) -> None:
+    """Raise ``TypeError``/``ValueError`` naming the argument if this rank's call is malformed."""
+    if not isinstance(buf, np.ndarray):
+        raise TypeError(f"allreduce: buf must be a numpy.ndarray, got {type(buf).__name__}")
+    if buf.dtype not in kernels.DTYPES:
+        names = ", ".join(d.name for d in kernels.DTYPES)
+        raise TypeError(f"allreduce: buf has unsupported dtype {buf.dtype.str} ({buf.dtype}); supported: {names} in native byte order")
+    if not buf.flags.c_contiguous:
+        raise ValueError("allreduce: buf must be C-contiguous (reduced in place); pass np.ascontiguousarray(buf) and copy back")
+    if not buf.flags.writeable:
+        raise ValueError("allreduce: buf is read-only, but the reduction is written into it in place")
+    if op not in OPS:
+        raise ValueError(f"allreduce: unknown op {op!r}; choose one of {', '.join(OPS)}")
+    if algorithm != "auto" and algorithm not in ALGORITHMS:
+        raise ValueError(f"allreduce: unknown algorithm {algorithm!r}; choose 'auto' or one of {', '.join(ALGORITHMS)}")
+
+
+def _agree(comm, buf, op: str, algorithm: str, error: Optional[Exception]) -> None:
+    """Every rank raises the same kind of error if any rank's call differs or failed validation.
+
+    Costs one small pickled ``allgather`` on the library's communicator.
+    """
+    mine = (type(error).__name__, str(error)) if error else (buf.size, buf.dtype.str, op, algorithm)
+    calls = comm.allgather(mine)
+    errors = [(r, c) for r, c in enumerate(calls) if isinstance(c[0], str)]
+    if errors:
+        if error is not None:
+            raise error
+        rank, (kind, message) = errors[0]
+        raise (TypeError if kind == "TypeError" else ValueError)(f"allreduce(check=True): rank {rank} failed: {message}")
+    for field, name in enumerate(("length", "dtype", "op", "algorithm")):
+        values = {c[field] for c in calls}
+        if len(values) > 1:
+            per_rank = ", ".join(f"rank {r}: {c[field]!r}" for r, c in enumerate(calls))
+            raise ValueError(f"allreduce(check=True): buf {name} differs between ranks ({per_rank})" if field < 2
+                             else f"allreduce(check=True): {name} differs between ranks ({per_rank})")
+
+
+def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
+              comm: Optional[MPI.Intracomm] = None, check: Optional[bool] = None) -> np.ndarray:
+    """Reduce ``buf`` across the ranks of ``comm`` in place and return it.
+
+    Collective: every rank of ``comm`` (default ``COMM_WORLD``) calls it with a C-contiguous,
+    writable numpy array of the same length and dtype (float32, float64, int32 or int64), and
+    the same ``op`` (sum, mean, max, min, prod) and ``algorithm`` (``auto`` or a name in
+    ``ALGORITHMS``). Afterwards every rank's ``buf`` holds bitwise the same result.
+
+    A malformed call raises ``TypeError`` or ``ValueError`` on the rank that made it, before it
+    sends anything. ``check=True`` (or ``ALLREDUCE_KIT_CHECK=1``) adds one small agreement step
+    so that a call that differs between ranks, or is malformed on any rank, raises on every
+    rank instead of hanging or producing garbage.
+    """
+    check = CHECK_BY_DEFAULT if check is None else check
+    lib = library_comm(comm)
+    if check:
+        try:
+            validate(buf, op, algorithm)
+        except (TypeError, ValueError) as error:
+            _agree(lib, buf, op, algorithm, error)
+        _agree(lib, buf, op, algorithm, None)
+    else:
+        validate(buf, op, algorithm)
+    p = lib.Get_size()
+    if p == 1 or buf.size == 0:
+        return buf
+    if algorithm == "auto":
+        algorithm = selection.choose(buf.nbytes, p)
+    ALGORITHMS[algorithm](lib, buf.reshape(-1), reduction(op, p))
+    return buf

@@ -1,0 +1,50 @@
+"""The library's own communicator: a clone of the caller's, made once and cached on it.
+
+Every message the library sends travels on this clone, so it can never match a receive the
+user posted on their own communicator, whatever tags either side uses.
+"""
+from typing import Dict, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+
+class LibraryComm(MPI.Intracomm):
+    """A cloned intracommunicator plus reusable scratch buffers for the algorithms."""
+
+    def __new__(cls, comm: MPI.Intracomm) -> "LibraryComm":
+        self = super().__new__(cls, comm)
+        self._scratch: Dict[int, np.ndarray] = {}
+        return self
+
+    def scratch(self, count: int, dtype: np.dtype, slot: int = 0) -> np.ndarray:
+        """A reusable 1-D array of ``count`` elements; contents undefined. One per ``slot``."""
+        nbytes = count * np.dtype(dtype).itemsize
+        raw = self._scratch.get(slot)
+        if raw is None or raw.size < nbytes:
+            raw = self._scratch[slot] = np.empty(max(nbytes, 64), dtype=np.uint8)
+        return raw[:nbytes].view(dtype)
+
+
+def _free_clone(comm: MPI.Comm, keyval: int, clone: LibraryComm) -> None:
+    if not MPI.Is_finalized():
+        clone.Free()
+
+
+_KEYVAL = MPI.Comm.Create_keyval(delete_fn=_free_clone)
+
+
+def library_comm(comm: Optional[MPI.Intracomm] = None) -> LibraryComm:
+    """The library's clone of ``comm`` (default ``COMM_WORLD``), created on first use.
+
+    Collective the first time it is called for a communicator (it calls ``Clone``); after that
+    it is a local lookup. The clone is freed when ``comm`` is freed.
+    """
+    comm = MPI.COMM_WORLD if comm is None else comm
+    lib = comm.Get_attr(_KEYVAL)
+    if lib is None:
+        if comm.Is_inter():
+            raise TypeError("allreduce: comm must be an intracommunicator, got an intercommunicator")
+        lib = LibraryComm(comm.Clone())
+        comm.Set_attr(_KEYVAL, lib)
+    return lib

@@ -1,0 +1,59 @@
+"""Reduction kernels: ``dst op= src`` in place, numba-compiled and cached. No MPI here.
+
+Installed as ``allreduce_kit.kernels``. The functions take 1-D C-contiguous arrays of one
+supported dtype; the collectives validate their input before calling them, so these do not.
+"""
+from typing import Dict
+
+import numba
+import numpy as np
+
+from . import reduce as _k
+
+OPS = ("sum", "prod", "max", "min")
+DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64"))
+
+_OP_CODE: Dict[str, int] = {"sum": _k.SUM, "prod": _k.PROD, "max": _k.MAX, "min": _k.MIN}
+
+#: Arrays at least this long are split over numba's threads when more than one is allowed.
+PARALLEL_MIN = 1 << 18
+
+
+def reduce_into(dst: np.ndarray, src: np.ndarray, op: str) -> None:
+    """``dst = dst op src`` element-wise, in place; ``op`` is one of ``OPS``."""
+    if dst.size >= PARALLEL_MIN and numba.get_num_threads() > 1:
+        _k.combine_parallel(dst, src, _OP_CODE[op])
+    else:
+        _k.combine(dst, src, _OP_CODE[op])
+
+
+def divide(buf: np.ndarray, divisor: int) -> None:
+    """``buf /= divisor`` in place; integers truncate toward zero."""
+    if buf.dtype.kind == "f":
+        _k.fdivide(buf, buf.dtype.type(divisor))
+    else:
+        _k.idivide(buf, divisor)
+
+
+def sum_divide_into(dst: np.ndarray, src: np.ndarray, divisor: int) -> None:
+    """``dst = (dst + src) / divisor`` in one pass: the last step of a mean."""
+    if dst.dtype.kind == "f":
+        _k.fsum_divide(dst, src, dst.dtype.type(divisor))
+    else:
+        _k.isum_divide(dst, src, divisor)
+
+
+def warm_up(dtypes=DTYPES) -> None:
+    """Compile (or load from the cache) every kernel for ``dtypes`` now, not in a timed call."""
+    for dtype in dtypes:
+        a, b = np.ones(2, dtype), np.ones(2, dtype)
+        for op in OPS:
+            reduce_into(a, b, op)
+        divide(a, 1)
+        sum_divide_into(a, b, 1)
+        if numba.get_num_threads() > 1:
+            for code in _OP_CODE.values():
+                _k.combine_parallel(a, b, code)
+
+
+__all__ = ["OPS", "DTYPES", "PARALLEL_MIN", "reduce_into", "divide", "sum_divide_into", "warm_up"]

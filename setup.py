@@ -1,0 +1,24 @@
+from setuptools import setup
+
+setup(
+    name="allreduce_kit",
+    version="0.1.0",
+    description="AllReduce algorithms over MPI point-to-point, numba reduction kernels, and a data-parallel trainer that shows where time goes",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    # The kernels' source lives in the top-level kernels/ folder but installs as
+    # allreduce_kit.kernels, so no generic top-level "kernels" name lands in site-packages.
+    packages=["allreduce_kit", "allreduce_kit.algorithms", "allreduce_kit.kernels"],
+    package_dir={"allreduce_kit.kernels": "kernels"},
+    install_requires=[
+        "mpi4py>=4.0",
+        "mpich",  # MPI itself, from PyPI; see docs/install.md to use a cluster's own MPI instead
+        "numpy>=1.22",
+        "numba>=0.58",
+    ],
+    extras_require={
+        "test": ["pytest>=7", "pytest-mpi>=0.6"],
+        "plot": ["matplotlib"],
+    },
+)

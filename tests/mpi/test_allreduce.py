@@ -1,0 +1,97 @@
+"""Every algorithm matches MPI's own Allreduce, for every op, dtype and awkward length.
+
+Each rank fills its buffer with its own values, checks its own result against MPI's, and all
+ranks must end with bitwise the same result.
+"""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from allreduce_kit import ALGORITHMS, OPS, allreduce
+from conftest import assert_quiet, assert_same_everywhere
+
+DTYPES = ("float32", "float64", "int32", "int64")
+MPI_OP = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
+
+
+def lengths(p: int):
+    """Lengths that break naive splitting: empty, fewer than p, around p, odd, and large."""
+    return sorted({0, 1, max(p - 1, 0), p, p + 1, 1000, 2**20 + 3})
+
+
+def local_values(n: int, dtype: str, rank: int) -> np.ndarray:
+    rng = np.random.default_rng([n, rank])
+    if dtype.startswith("int"):
+        return rng.integers(-9, 10, n).astype(dtype)  # |prod| <= 9**8 fits in int32
+    return rng.standard_normal(n).astype(dtype)
+
+
+def oracle(comm, x: np.ndarray, op: str) -> np.ndarray:
+    """MPI's answer; mean is MPI's sum divided by p (truncating toward zero for integers)."""
+    expected = x.copy()
+    comm.Allreduce(MPI.IN_PLACE, expected, op=MPI_OP[op])
+    if op == "mean":
+        p = comm.Get_size()
+        expected = (expected / p).astype(x.dtype) if x.dtype.kind == "f" else np.trunc(expected / p).astype(x.dtype)
+    return expected
+
+
+def float_tolerance(comm, x: np.ndarray, op: str) -> np.ndarray:
+    """Any summation order is within (p-1) eps sum|x_i| of the exact sum: allow twice that."""
+    p, eps = comm.Get_size(), np.finfo(x.dtype).eps
+    if op in ("sum", "mean"):
+        total = np.abs(x).astype(np.float64)
+        comm.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
+        return 2 * p * eps * total / (p if op == "mean" else 1)
+    if op == "prod":
+        return 2 * p * eps * np.abs(oracle(comm, x, op)).astype(np.float64)
+    return np.zeros(x.shape)  # max and min are exact
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS) + ["auto"])
+def test_matches_mpi_allreduce(comm, algorithm, op, dtype):
+    for n in lengths(comm.Get_size()):
+        x = local_values(n, dtype, comm.Get_rank())
+        expected = oracle(comm, x, op)
+        tolerance = float_tolerance(comm, x, op) if x.dtype.kind == "f" else None
+        result = allreduce(x, op=op, algorithm=algorithm, comm=comm)
+        assert result is x, "allreduce works in place and returns its buffer"
+        if tolerance is None:
+            assert np.array_equal(x, expected), f"n={n}: integers must match MPI exactly"
+        else:
+            error = np.abs(x.astype(np.float64) - expected)
+            assert np.all(error <= tolerance), f"n={n}: max error {error.max()} beyond tolerance"
+        assert_same_everywhere(comm, x)
+        assert_quiet(comm)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_closed_form_sum_on_every_communicator(any_comm, algorithm):
+    """On any communicator, ranks 0..p-1 holding rank+1 sum to p(p+1)/2 exactly."""
+    p, rank = any_comm.Get_size(), any_comm.Get_rank()
+    for n in (1, p + 1, 1000):
+        x = np.full(n, rank + 1, dtype=np.float64)
+        allreduce(x, op="sum", algorithm=algorithm, comm=any_comm)
+        assert np.all(x == p * (p + 1) / 2)
+        assert_quiet(any_comm)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_integer_overflow_wraps_as_in_mpi(comm, algorithm):
+    x = np.full(7, np.iinfo(np.int32).max - comm.Get_rank(), dtype=np.int32)
+    expected = oracle(comm, x, "sum")
+    allreduce(x, op="sum", algorithm=algorithm, comm=comm)
+    assert np.array_equal(x, expected)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_multidimensional_buffer_keeps_its_shape(comm, algorithm):
+    x = np.ones((3, 5, 7), dtype=np.float32)
+    allreduce(x, op="sum", algorithm=algorithm, comm=comm)
+    assert x.shape == (3, 5, 7) and np.all(x == comm.Get_size())
