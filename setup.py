@@ -1,4 +1,4 @@
-from setuptools import setup
+from setuptools import find_packages, setup
 
 setup(
     name="allreduce_kit",
@@ -9,16 +9,18 @@ setup(
     python_requires=">=3.9",
     # The kernels' source lives in the top-level kernels/ folder but installs as
     # allreduce_kit.kernels, so no generic top-level "kernels" name lands in site-packages.
-    packages=["allreduce_kit", "allreduce_kit.algorithms", "allreduce_kit.kernels"],
+    packages=sorted(set(find_packages(include=["allreduce_kit", "allreduce_kit.*"])) | {"allreduce_kit.kernels"}),
     package_dir={"allreduce_kit.kernels": "kernels"},
     install_requires=[
         "mpi4py>=4.0",
         "mpich",  # MPI itself, from PyPI; see docs/install.md to use a cluster's own MPI instead
         "numpy>=1.22",
         "numba>=0.58",
+        "scikit-learn",  # the bundled digits data set for the trainer; brings threadpoolctl
+        "tqdm",
     ],
     extras_require={
-        "test": ["pytest>=7", "pytest-mpi>=0.6"],
+        "test": ["pytest>=7", "pytest-mpi>=0.6", "hypothesis", "matplotlib"],
         "plot": ["matplotlib"],
     },
 )

@@ -1,0 +1,42 @@
+"""What every ``python -m allreduce_kit.X`` command shares: rank-0 output and clean exits.
+
+Every rank parses the same command line, so every rank reaches the same verdict; only rank 0
+prints help and errors, and every rank exits with the same status (2 for a bad argument), so
+nothing hangs and the message appears once.
+"""
+import argparse
+import json
+import sys
+from typing import Any, Optional
+
+from mpi4py import MPI
+
+
+def is_root(comm: Optional[MPI.Comm] = None) -> bool:
+    return (comm or MPI.COMM_WORLD).Get_rank() == 0
+
+
+def say(*args: Any, comm: Optional[MPI.Comm] = None, **kwargs: Any) -> None:
+    """``print`` on rank 0 only, flushed at once (a job's log should show progress as it goes)."""
+    if is_root(comm):
+        print(*args, **kwargs, flush=True)
+
+
+class RankZeroParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` that prints help and errors on rank 0 only."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def _print_message(self, message: str, file=None) -> None:
+        if is_root() and message:
+            (file or sys.stderr).write(message)
+            (file or sys.stderr).flush()
+
+
+def write_json(path: str, payload: Any) -> None:
+    """Write ``payload`` as indented JSON to ``path`` (call on one rank)."""
+    with open(path, "w", encoding="utf-8") as out:
+        json.dump(payload, out, indent=2, sort_keys=False, default=float)
+        out.write("\n")
