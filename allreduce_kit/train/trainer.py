@@ -93,6 +93,10 @@ class Trainer:
         self.buckets = len(bucket_bounds(self.model.size, self.model.dtype.itemsize, config.bucket_mb))
         if config.resume:
             self._resume()
+        # One untimed average first: the first collective pays for loading compiled kernels and
+        # setting up connections, which would otherwise show up as step 1 of epoch 1.
+        average_buffer(self.model.grads.copy(), bucket_mb=config.bucket_mb, comm=self.comm,
+                       algorithm=config.algorithm)
 
     # -- one step ---------------------------------------------------------------------------
     def train_step(self, idx: np.ndarray) -> Tuple[float, int]:
