@@ -69,7 +69,7 @@ def build_parser() -> RankZeroParser:
                    help="epochs of linear warm-up from lr to the scaled lr")
     g.add_argument("--momentum", type=_at_least(0.0, float), default=d.momentum, help="SGD momentum (< 1)")
     g.add_argument("--weight-decay", type=_at_least(0.0, float), default=d.weight_decay, help="L2 weight decay")
-    g.add_argument("--hidden", type=_hidden, default=d.hidden, metavar="W1,W2,...",
+    g.add_argument("--hidden", type=_hidden, default=",".join(map(str, d.hidden)), metavar="W1,W2,...",
                    help="hidden layer widths (empty string: softmax regression)")
     g.add_argument("--dtype", choices=("float32", "float64"), default=d.dtype, help="parameter and data dtype")
     g.add_argument("--seed", type=int, default=d.seed, help="seed for data, split, shuffling, init and jitter")
@@ -120,11 +120,13 @@ def _problems(args, ranks: int) -> Optional[str]:
         return f"argument --straggler: rank {args.straggler[0]} does not exist in a job of {ranks} ranks (0..{ranks - 1})"
     if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
         return f"argument {'--resume' if args.resume else '--checkpoint-every'}: needs --checkpoint-dir"
-    train = 1797 if args.dataset == "digits" else args.samples
-    train -= int(round(train * args.test_fraction))
-    if train < ranks or round(train * 0 + (1797 if args.dataset == 'digits' else args.samples) * args.test_fraction) < 1:
-        return (f"argument --samples/--test-fraction: {train} training samples cannot give each of {ranks} "
-                f"ranks a shard, or the test split is empty")
+    total = 1797 if args.dataset == "digits" else args.samples
+    test = int(round(total * args.test_fraction))
+    if test < 1:
+        return f"argument --test-fraction: {args.test_fraction} of {total} samples leaves no test sample"
+    if total - test < ranks:
+        return (f"argument {'--test-fraction' if args.dataset == 'digits' else '--samples'}: {total - test} "
+                f"training samples cannot give each of {ranks} ranks a shard")
     if not is_root():
         return None
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
@@ -183,7 +185,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         nonlocal bar
         if bar is None:
             bar = tqdm(total=trainer.steps_per_epoch, initial=i - 1, leave=False, unit="step",
-                       desc=f"epoch {trainer.step // trainer.steps_per_epoch + (i < trainer.steps_per_epoch)}")
+                       desc=f"epoch {(trainer.step - 1) // trainer.steps_per_epoch + 1}/{config.epochs}")
         bar.update(1)
 
     def on_epoch(metrics) -> None:
@@ -222,8 +224,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.plot:
             report.plot(args.plot, result)
             say(f"wrote {args.plot}")
-    ok = comm.bcast(result["replicas_identical"] if is_root() else None, root=0)
-    return 0 if ok else 1
+    trainer.close()
+    return 0 if result["replicas_identical"] else 1
 
 
 if __name__ == "__main__":

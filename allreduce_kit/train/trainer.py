@@ -223,6 +223,11 @@ class Trainer:
                 "transfer_ms_p90": float(np.percentile(transfer, 90)),
                 "allreduce_ms_p50": float(np.median(every * 1e3))}
 
+    def close(self) -> None:
+        """Free the trainer's communicator (collective)."""
+        if self.comm != MPI.COMM_NULL:
+            self.comm.Free()
+
     # -- checkpoints ------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
         """Rank 0 writes parameters, velocity, step and every rank's jitter RNG state (collective)."""
