@@ -23,7 +23,8 @@ def _ok(result):
 
 def test_small_run_prints_once_and_writes_json_and_plot(mpirun, tmp_path):
     out, png = tmp_path / "run.json", tmp_path / "run.png"
-    result = _ok(mpirun(3, TRAIN + SMALL + ["--epochs", "3", "--json", out, "--plot", png, "--progress", "bar"],
+    result = _ok(mpirun(3, TRAIN + SMALL + ["--epochs", "3", "--json", out, "--plot", png, "--progress", "bar",
+                                              "--bench-allreduce", "5"],
                         timeout=120))
     text = result.stdout
     assert text.count("test accuracy") == 1 and text.count("epoch 3/3") == 1      # rank 0 only
@@ -38,6 +39,9 @@ def test_small_run_prints_once_and_writes_json_and_plot(mpirun, tmp_path):
         assert {"host", "compute_p50_ms", "compute_p95_ms", "allreduce_p50_ms", "wait_p50_ms",
                 "slowest_share", "score"} <= set(row)
     assert png.stat().st_size > 10_000
+    alone = report["allreduce_alone"]
+    assert alone["calls"] == 5 and alone["transfer_ms_p50"] > 0 and alone["bare_loop_transfer_ms_p50"] > 0
+    assert "alone back to back" in text
     for column in ("compute p50", "compute p95", "allreduce p50", "wait p50", "slowest", "score"):
         assert column in text
 

@@ -213,9 +213,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             ratio = s["transfer_ms_p50"] / alone["transfer_ms_p50"] if alone["transfer_ms_p50"] > 0 else float("nan")
             alone["trainer_transfer_ms_p50"] = s["transfer_ms_p50"]
             alone["ratio"] = ratio
-            say(f"\nallreduce of the {trainer.model.grads.nbytes / 1e6:.2f} MB gradient alone: {alone['transfer_ms_p50']:.3f} ms"
-                f" (median of {alone['calls']}, p10-p90 {alone['transfer_ms_p10']:.3f}-{alone['transfer_ms_p90']:.3f});"
-                f" in the trainer: {s['transfer_ms_p50']:.3f} ms; ratio {ratio:.3f}")
+            bare = alone["bare_loop_transfer_ms_p50"]
+            alone["bare_loop_ratio"] = s["transfer_ms_p50"] / bare if bare > 0 else float("nan")
+            say(f"\nallreduce of the {trainer.model.grads.nbytes / 1e6:.2f} MB gradient, transfer (median of"
+                f" {alone['calls']} calls): in the trainer {s['transfer_ms_p50']:.3f} ms; alone back to back"
+                f" {alone['transfer_ms_p50']:.3f} ms (p10-p90 {alone['transfer_ms_p10']:.3f}-"
+                f"{alone['transfer_ms_p90']:.3f}), ratio {ratio:.3f}; in a bare compute-then-average loop"
+                f" {bare:.3f} ms, ratio {alone['bare_loop_ratio']:.3f}")
         payload = {"config": config.as_dict(), "threads_per_rank": threads, "heavy_yield": yield_state,
                    **result, "allreduce_alone": alone}
         if args.json:
