@@ -76,6 +76,8 @@ def test_resume_reaches_the_same_parameters_as_an_uninterrupted_run(mpirun, tmp_
     a, b = (json.loads((tmp_path / f).read_text()) for f in ("whole.json", "resumed.json"))
     assert a["steps"] == b["steps"] > 60
     assert a["params_digest"] == b["params_digest"]
+    again = _ok(mpirun(2, common + ["--checkpoint-dir", ckpt, "--resume"], timeout=120))
+    assert f"nothing to train: the checkpoint is at step {a['steps']}" in again.stdout
 
 
 @pytest.mark.parametrize("args,message", [

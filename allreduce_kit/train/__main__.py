@@ -171,6 +171,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"batch {config.batch_size}/rank ({config.batch_size * ranks} global), lr {config.lr}"
         f"{' x ' + str(ranks) + ' (linear scaling)' if config.lr_scaling == 'linear' else ''}, "
         f"algorithm {config.algorithm}" + (f"; resumed at step {trainer.step}" if config.resume else ""))
+    if trainer.step >= trainer.total_steps():
+        say(f"nothing to train: the checkpoint is at step {trainer.step} and this run ends at step "
+            f"{trainer.total_steps()}; raise --epochs (or --max-steps) to continue")
+        trainer.close()
+        return 0
     if config.straggler:
         say(f"injected straggler: rank {config.straggler[0]} +{config.straggler[1]:g} ms per step")
     if config.jitter_ms:
