@@ -8,10 +8,12 @@ from .algorithms import ALGORITHMS
 from .collective import allreduce, validate
 from .comm import library_comm
 from .reduction import OPS
+from .stall import set_stall_timeout
 
 __version__ = "0.1.0"
 
 if abort_hook_wanted():
     install_abort_hook()
 
-__all__ = ["allreduce", "ALGORITHMS", "OPS", "library_comm", "validate", "install_abort_hook", "__version__"]
+__all__ = ["allreduce", "ALGORITHMS", "OPS", "library_comm", "validate", "install_abort_hook",
+           "set_stall_timeout", "__version__"]

@@ -10,6 +10,7 @@ from .algorithms import ALGORITHMS
 from .comm import library_comm
 from .reduction import OPS, reduction
 from . import selection
+from .stall import INSPECTOR, stall_timeout as default_stall_timeout
 
 #: ``ALLREDUCE_KIT_CHECK=1`` turns ``check=True`` on for every call that does not say otherwise.
 CHECK_BY_DEFAULT = os.environ.get("ALLREDUCE_KIT_CHECK", "0").lower() not in ("", "0", "false", "no")
@@ -69,7 +70,8 @@ def _agree(comm, buf, op: str, algorithm: str, error: Optional[Exception]) -> No
 
 
 def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
-              comm: Optional[MPI.Intracomm] = None, check: Optional[bool] = None) -> np.ndarray:
+              comm: Optional[MPI.Intracomm] = None, check: Optional[bool] = None,
+              stall_timeout: Optional[float] = None) -> np.ndarray:
     """Reduce ``buf`` across the ranks of ``comm`` in place and return it.
 
     Collective: every rank of ``comm`` (default ``COMM_WORLD``) calls it with a C-contiguous,
@@ -81,6 +83,10 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
     sends anything. ``check=True`` (or ``ALLREDUCE_KIT_CHECK=1``) adds one small agreement step
     so that a call that differs between ranks, or is malformed on any rank, raises on every
     rank instead of hanging or producing garbage.
+
+    If the call has not finished after ``stall_timeout`` seconds (default: see
+    ``allreduce_kit.stall``; 0 turns it off), the ranks that are waiting print which ranks have
+    not arrived and the job is aborted.
     """
     check = CHECK_BY_DEFAULT if check is None else check
     lib = library_comm(comm)
@@ -97,5 +103,10 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
         return buf
     if algorithm == "auto":
         algorithm = selection.choose(buf.nbytes, p)
-    ALGORITHMS[algorithm](lib, buf.reshape(-1), reduction(op, p))
+    timeout = default_stall_timeout() if stall_timeout is None else stall_timeout
+    INSPECTOR.enter(lib.watch, timeout, algorithm, buf)
+    try:
+        ALGORITHMS[algorithm](lib, buf.reshape(-1), reduction(op, p))
+    finally:
+        INSPECTOR.leave()
     return buf
