@@ -13,6 +13,7 @@ from allreduce_kit import allreduce
 late, sleep = int(sys.argv[1]), float(sys.argv[2])
 allreduce(np.ones(10))                     # every rank takes part in a first call
 if MPI.COMM_WORLD.Get_rank() == late:
+    print("late from", time.time(), flush=True)
     time.sleep(sleep)                      # this rank is late for the second
 allreduce(np.ones(10), algorithm="ring")
 print("finished on rank", MPI.COMM_WORLD.Get_rank(), flush=True)
@@ -27,15 +28,15 @@ def script(tmp_path):
 
 
 def test_a_late_rank_is_named_and_the_job_ends_soon_after_the_timeout(mpirun, script):
-    timeout, late_by = 2, 60
-    started = time.monotonic()
-    result = mpirun(4, [script, 2, late_by], timeout=45, via_mpi4py=False,
+    timeout, late_by = 2, 120
+    result = mpirun(4, [script, 2, late_by], timeout=90, via_mpi4py=False,
                     env={"ALLREDUCE_KIT_STALL_TIMEOUT": str(timeout)})
-    elapsed = time.monotonic() - started
+    ended = time.time()
     assert result.returncode != 0
     assert "missing ranks (have not reached this call): [2]" in result.stderr
     assert "finished" not in result.stdout
-    assert elapsed < 25, f"took {elapsed:.0f} s: start-up + {timeout} s timeout + a few seconds, not {late_by} s"
+    late_from = float(result.stdout.split("late from")[1].split()[0])
+    assert ended - late_from < timeout + 15, f"the job ended {ended - late_from:.0f} s after rank 2 fell behind"
 
 
 def test_a_rank_late_by_less_than_the_timeout_is_only_waited_for(mpirun, script):
