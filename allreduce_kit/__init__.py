@@ -10,11 +10,13 @@ from .collective import allreduce, validate
 from .comm import library_comm
 from .params import FlatParameters, average_arrays, average_buffer, broadcast_parameters
 from .reduction import OPS
+from .stall import set_stall_timeout
 
 __version__ = "0.1.0"
 
 if abort_hook_wanted():
     install_abort_hook()
 
-__all__ = ["allreduce", "ALGORITHMS", "OPS", "library_comm", "validate", "install_abort_hook", "__version__"]
-__all__ += ["average_arrays", "average_buffer", "broadcast_parameters", "FlatParameters"]
+__all__ = ["allreduce", "ALGORITHMS", "OPS", "library_comm", "validate", "install_abort_hook",
+           "set_stall_timeout", "average_arrays", "average_buffer", "broadcast_parameters",
+           "FlatParameters", "__version__"]

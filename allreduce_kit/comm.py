@@ -8,13 +8,18 @@ from typing import Dict, Optional
 import numpy as np
 from mpi4py import MPI
 
+from .stall import INSPECTOR, Watch
+
 
 class LibraryComm(MPI.Intracomm):
-    """A cloned intracommunicator plus reusable scratch buffers for the algorithms."""
+    """A cloned intracommunicator, reusable scratch buffers, and its stall-inspector watch."""
+
+    watch: Watch
 
     def __new__(cls, comm: MPI.Intracomm) -> "LibraryComm":
         self = super().__new__(cls, comm)
         self._scratch: Dict[int, np.ndarray] = {}
+        self.watch = INSPECTOR.watch(self)
         return self
 
     def scratch(self, count: int, dtype: np.dtype, slot: int = 0) -> np.ndarray:
@@ -28,6 +33,7 @@ class LibraryComm(MPI.Intracomm):
 
 def _free_clone(comm: MPI.Comm, keyval: int, clone: LibraryComm) -> None:
     if not MPI.Is_finalized():
+        INSPECTOR.unwatch(clone.watch)
         clone.Free()
 
 
