@@ -27,7 +27,7 @@ def _bounds(n: int, pof2: int) -> tuple:
 
 @register("rabenseifner")
 def allreduce(comm, buf, op):
-    fold = plan(comm.Get_size(), comm.Get_rank())
+    fold = plan(comm.nranks, comm.myrank)
     fold_in(comm, buf, op, fold)
     me = fold.newrank
     if me >= 0:

@@ -15,7 +15,7 @@ TAG = 104
 
 @register("recursive_doubling")
 def allreduce(comm, buf, op):
-    fold = plan(comm.Get_size(), comm.Get_rank())
+    fold = plan(comm.nranks, comm.myrank)
     fold_in(comm, buf, op, fold)
     if fold.newrank >= 0:
         incoming = comm.scratch(buf.size, buf.dtype)
