@@ -24,12 +24,16 @@ def test_sizes_parse_with_binary_suffixes_and_step_by_the_factor():
     assert message_sizes(1, 16, 4, 8) == [8, 16], "rounded to whole elements, at least one"
 
 
-def test_crossovers_switch_only_when_the_current_choice_falls_behind():
-    rows = [row(8, "recursive_doubling", 10), row(8, "ring", 30),
-            row(64, "recursive_doubling", 11), row(64, "ring", 10.8),  # within 5%: keep
-            row(1024, "recursive_doubling", 50), row(1024, "ring", 20),
-            row(4096, "recursive_doubling", 90), row(4096, "ring", 40), row(4096, "mpi", 1)]  # mpi never chosen
-    assert crossovers(rows) == [(0, "recursive_doubling"), (1024, "ring")]
+def test_crossovers_cut_sizes_into_few_runs_and_ignore_a_noisy_row():
+    times = {  # size: (recursive_doubling, ring, tree)
+        8: (10, 30, 20), 64: (11, 31, 22), 512: (14, 35, 9),  # tree wins one row by noise
+        4096: (30, 32, 60), 32768: (90, 40, 120), 1 << 20: (900, 300, 1500), 1 << 22: (4000, 1000, 6000)}
+    rows = [row(s, a, t) for s, ts in times.items() for a, t in zip(("recursive_doubling", "ring", "tree"), ts)]
+    rows.append(row(8, "mpi", 1))  # mpi is never chosen
+    assert crossovers(rows, min_run=2) == [(0, "recursive_doubling"), (32768, "ring")]
+    assert crossovers(rows, max_rules=1) == [(0, "ring")]
+    assert crossovers(rows, min_run=1, max_rules=5) == [(0, "recursive_doubling"), (512, "tree"),
+                                                        (4096, "recursive_doubling"), (32768, "ring")]
 
 
 def test_fit_recovers_the_parameters_that_made_the_times():
