@@ -27,7 +27,7 @@ from . import fit as cost
 from . import output
 from .plot import have_matplotlib, plot
 from .sweep import available, ratios, sweep
-from .timing import BATCH_BYTES, MAX_BATCH
+from .timing import MAX_BATCH, SAMPLE_SECONDS
 from .tune import crossovers
 
 PROG = "python -m allreduce_kit.bench"
@@ -73,7 +73,8 @@ def build_parser() -> RankZeroParser:
     parser.add_argument("-a", "--algorithms", default="all",
                         help="comma-separated names, or 'all' (every registered algorithm, auto and mpi)")
     parser.add_argument("--batch", type=int, default=0,
-                        help=f"calls per timed sample; 0: {BATCH_BYTES >> 10} KiB / size, between 1 and {MAX_BATCH}")
+                        help=f"calls per timed sample; 0: as many as the warm-up says fit in {SAMPLE_SECONDS * 1e3:g} ms "
+                             f"(1 to {MAX_BATCH})")
     parser.add_argument("--kernel", default="numba", choices=("numba", "numpy"),
                         help="do the reduction step with the numba kernels or plain numpy")
     parser.add_argument("--json", metavar="PATH", help="write the preamble, every row and the ratios as JSON")
@@ -102,6 +103,8 @@ def check_args(parser: RankZeroParser, args) -> None:
         parser.error(f"-n/--iters must be at least 1, got {args.iters}")
     if args.warmup_iters < 0:
         parser.error(f"-w/--warmup_iters must be at least 0, got {args.warmup_iters}")
+    if args.warmup_iters < 1 and not args.batch:
+        parser.error("-w/--warmup_iters 0 needs a fixed --batch (the warm-up sets the batch otherwise)")
     if args.batch < 0:
         parser.error(f"--batch must be 0 (automatic) or positive, got {args.batch}")
     names = available()
@@ -182,7 +185,7 @@ def preamble(comm: MPI.Intracomm, args, threads: int, auto_source: str) -> dict:
         "ranks": p, "hosts": hosts, "numba_threads_per_rank": threads, "kernel": args.kernel,
         "dtype": args.datatype, "op": args.op, "min_bytes": args.low, "max_bytes": args.high,
         "step_factor": args.stepfactor, "warmup": args.warmup_iters, "samples": args.iters,
-        "batch": args.batch or f"auto: {BATCH_BYTES} B / size, 1..{MAX_BATCH}", "algorithms": args.names,
+        "batch": args.batch or f"auto: calls fitting in {SAMPLE_SECONDS * 1e3:g} ms at warm-up pace, 1..{MAX_BATCH}", "algorithms": args.names,
         "auto_table": auto_source,
         "timing": "per sample: restore input (untimed), barrier, then batch back-to-back calls; time per call = "
                   "slowest rank's; median, min and max over samples",
@@ -192,7 +195,7 @@ def preamble(comm: MPI.Intracomm, args, threads: int, auto_source: str) -> dict:
     say(f"# dtype {args.datatype}, op {args.op}, {human(args.low)} to {human(args.high)} x{args.stepfactor}; "
         f"reduction kernels: {args.kernel}, {threads} thread(s) per rank")
     say(f"# {args.warmup_iters} warm-up calls, then {args.iters} timed samples per row; a sample is a barrier and "
-        f"then {'%d calls' % args.batch if args.batch else f'{BATCH_BYTES >> 10} KiB / size calls (1..{MAX_BATCH})'}"
+        f"then {'%d calls' % args.batch if args.batch else f'as many calls as fit in {SAMPLE_SECONDS * 1e3:g} ms at the warm-up pace (1..{MAX_BATCH}; --json has each)'}"
         f" back to back")
     say("# time = the slowest rank's time per call: median, min and max over samples. algbw = size / time, "
         "busbw = algbw * 2(p-1)/p")
