@@ -10,6 +10,7 @@ of median times to MPI's, per size.
   python -m allreduce_kit.bench --fit p2.json p4.json p8.json  # fit alpha, beta, gamma
 """
 import json
+import os
 import re
 import socket
 import sys
@@ -119,8 +120,6 @@ def check_args(parser: RankZeroParser, args) -> None:
         args.names = list(dict.fromkeys(args.names))
     if args.plot and not have_matplotlib():
         parser.error("--plot needs matplotlib: pip install 'allreduce_kit[plot]'")
-    if args.fit and args.tune:
-        parser.error("--fit with files only reads them; --tune measures: use one at a time")
 
 
 def agree(comm: MPI.Intracomm, problem: Optional[str]) -> None:
@@ -217,10 +216,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     check_args(parser, args)
     problem = None
     if comm.Get_rank() == 0:
+        for flag in ("json", "csv", "plot"):  # fail now, not after an hour of measuring
+            path = getattr(args, flag)
+            if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+                problem = f"--{flag}: the folder of {path} does not exist"
         try:  # a bad tuning file named by the environment is an input error, not a crash
             selection.load()
         except ValueError as error:
-            problem = f"auto: {error}"
+            problem = problem or f"auto: {error}"
     agree(comm, problem)
 
     dtype = np.dtype(args.datatype)
