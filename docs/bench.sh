@@ -18,7 +18,7 @@ mkdir -p "$OUT"
 
 for step in $STEPS; do
   case $step in
-  tune)    # crossover points for auto -> OUTDIR/tuning.json (copied into selection.BUILTIN)
+  tune)    # crossover points for auto -> OUTDIR/tuning.json (copy the rules into selection.BUILTIN)
     rm -f "$OUT/tuning.json"  # rules for each p are added in turn
     for p in $RANKS; do
       $MPIEXEC -n "$p" $BENCH -b 4 -e 64M -f 2 -n 6 -w 2 -a naive,tree,ring,recursive_doubling,rabenseifner,mpi \

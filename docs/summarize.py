@@ -119,6 +119,37 @@ def main(out="docs/results"):
                 cells += [f"{nb[size][name]['time_us'] / 1e3:.2f}", f"{npy[size][name]['time_us'] / 1e3:.2f}"]
             print(f"| {p} | {human(size)} | " + " | ".join(cells) + f" | {nb[size]['mpi']['time_us'] / 1e3:.2f} |")
 
+    fit_path = os.path.join(out, "fit.json")
+    if os.path.exists(fit_path):
+        fitted = load(fit_path)
+        f = fitted["fit"]
+        print("\n### The fit (all rank counts together)\n")
+        print(f"alpha = {f['alpha'] * 1e6:.2f} us, beta = {f['beta'] * 1e9:.4f} ns/B "
+              f"({1 / f['beta'] / 1e9 if f['beta'] else float('inf'):.2f} GB/s), gamma = {f['gamma'] * 1e9:.4f} ns/B "
+              f"({1 / f['gamma'] / 1e9 if f['gamma'] else float('inf'):.2f} GB/s); median |relative error| "
+              f"{f['median_abs_rel_error']:.0%} over {f['points']} rows.\n")
+        print("| p alone | alpha (us) | beta (ns/B) | gamma (ns/B) | median abs. rel. error |")
+        print("|---|---|---|---|---|")
+        for p, g in sorted(fitted["fit_per_ranks"].items(), key=lambda kv: int(kv[0])):
+            print(f"| {p} | {g['alpha'] * 1e6:.2f} | {g['beta'] * 1e9:.4f} | {g['gamma'] * 1e9:.4f} | "
+                  f"{g['median_abs_rel_error']:.0%} |")
+        shown = (8, 1024, 65536, 1 << 20, 16 << 20, 64 << 20)
+        print("\n### Predicted (each rank count's own fit) beside measured, median time per call in microseconds\n")
+        names = ("naive", "tree", "ring", "recursive_doubling", "rabenseifner")
+        print("| p | size | " + " | ".join(f"{n} meas. / pred." for n in names) + " |")
+        print("|---|---|" + "---|" * len(names))
+        table = defaultdict(dict)
+        for r in fitted["predicted"]:
+            table[(r["ranks"], r["size"])][r["algorithm"]] = r
+        for (p, size) in sorted(table):
+            if size not in shown:
+                continue
+            cells = []
+            for n in names:
+                r = table[(p, size)].get(n)
+                cells.append(f"{r['measured_us']:.0f} / {r['predicted_us']:.0f}" if r else "-")
+            print(f"| {p} | {human(size)} | " + " | ".join(cells) + " |")
+
 
 if __name__ == "__main__":
     main(*sys.argv[1:])

@@ -163,12 +163,16 @@ def report_fit(rows: List[dict], args) -> dict:
             print(f"#   p = {p} alone: " + cost.describe(per_p[p]))
         except ValueError:
             pass
-    print("#\n# predicted (joint fit) beside measured, median time per call:")
-    for line in cost.comparison(params, rows):
-        print(line)
+    print("#\n# predicted beside measured, median time per call (each rank count's own fit; "
+          "--json also has the joint fit's):")
+    for p in sorted(per_p):
+        for line in cost.comparison(per_p[p], [r for r in rows if r["ranks"] == p])[(0 if p == min(per_p) else 1):]:
+            print(line)
     result = {"fit": params, "fit_per_ranks": {str(p): v for p, v in per_p.items()},
               "predicted": [dict(ranks=r["ranks"], size=r["size"], algorithm=r["algorithm"], measured_us=r["time_us"],
-                                 predicted_us=cost.predict(params, r["algorithm"], r["ranks"], r["size"]) * 1e6)
+                                 predicted_us=cost.predict(per_p.get(r["ranks"], params), r["algorithm"], r["ranks"],
+                                                           r["size"]) * 1e6,
+                                 predicted_joint_us=cost.predict(params, r["algorithm"], r["ranks"], r["size"]) * 1e6)
                             for r in rows if r["algorithm"] in cost.MODELLED]}
     if args.json and args.fit:
         write_json(args.json, result)

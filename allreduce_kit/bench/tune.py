@@ -4,7 +4,9 @@ The sizes measured are cut into at most ``MAX_RULES`` runs of consecutive sizes,
 algorithm, so as to minimise the summed log-ratio of the chosen algorithm's time to the fastest
 time at each size (a dynamic programme over the cut points). Few crossover points means noise in
 one row cannot make ``auto`` flip back and forth; the summed loss keeps it near the best at
-every size. Fewer runs are used whenever they lose nothing.
+every size. Fewer runs are used whenever they lose nothing. A size where an algorithm looks
+more than ``CAP`` times slower than the fastest counts as ``CAP``: one row spoilt by a burst of
+load elsewhere cannot outvote its neighbours.
 """
 import math
 from typing import Dict, List, Sequence, Tuple
@@ -13,6 +15,8 @@ from .sweep import Row
 
 #: At most this many (min_bytes, algorithm) rules per rank count: small, medium, large messages.
 MAX_RULES = 3
+#: The most one size can count against an algorithm (as a ratio to the fastest there).
+CAP = 1.5
 
 
 def crossovers(rows: Sequence[Row], max_rules: int = MAX_RULES, min_run: int = 0) -> List[Tuple[int, str]]:
@@ -30,8 +34,9 @@ def crossovers(rows: Sequence[Row], max_rules: int = MAX_RULES, min_run: int = 0
     sizes = sorted(by_size)
     names = sorted({n for times in by_size.values() for n in times})
     # loss[a][i]: how much slower algorithm a is than the fastest at size i (log ratio; inf if not run)
-    loss = {a: [math.log(by_size[s][a] / min(by_size[s].values())) if a in by_size[s] else math.inf for s in sizes]
-            for a in names}
+    cap = math.log(CAP)
+    loss = {a: [min(cap, math.log(by_size[s][a] / min(by_size[s].values()))) if a in by_size[s] else math.inf
+                for s in sizes] for a in names}
     prefix = {a: [0.0] for a in names}
     for a in names:
         for value in loss[a]:
