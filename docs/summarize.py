@@ -57,7 +57,7 @@ def best_ours(named):
     return min(ours, key=lambda r: r["time_us"]) if ours else None
 
 
-def main(out="docs/results"):
+def main(out="docs/results", fit_name="fit.json"):
     ranks = sorted({int(os.path.basename(p).split("-p")[1].split("-")[0])
                     for p in glob.glob(os.path.join(out, "small-p*-r*.json"))})
     print("### Targets, repeated runs (median ratio over runs, range in brackets)\n")
@@ -119,7 +119,7 @@ def main(out="docs/results"):
                 cells += [f"{nb[size][name]['time_us'] / 1e3:.2f}", f"{npy[size][name]['time_us'] / 1e3:.2f}"]
             print(f"| {p} | {human(size)} | " + " | ".join(cells) + f" | {nb[size]['mpi']['time_us'] / 1e3:.2f} |")
 
-    fit_path = os.path.join(out, "fit.json")
+    fit_path = os.path.join(out, fit_name)
     if os.path.exists(fit_path):
         fitted = load(fit_path)
         f = fitted["fit"]
