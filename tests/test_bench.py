@@ -120,6 +120,7 @@ def test_fit_prints_parameters_from_a_run_and_from_files(mpirun, tmp_path):
     (["-d", "float16"], "-d/--datatype"),
     (["--fit", "/nonexistent/rows.json"], "/nonexistent/rows.json"),
     (["--json", "/nonexistent/out.json"], "--json"),
+    (["-a", "auto,mpi", "--tune", "/tmp/never-written.json"], "--tune"),
 ])
 def test_bad_options_exit_2_with_one_message(mpirun, bad, words):
     result = mpirun(2, BENCH + bad, timeout=120)

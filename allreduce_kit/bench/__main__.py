@@ -61,7 +61,8 @@ def message_sizes(low: int, high: int, factor: int, itemsize: int) -> List[int]:
 
 def build_parser() -> RankZeroParser:
     names = available()
-    parser = RankZeroParser(prog=PROG, description=__doc__.split("\n\n")[0],
+    parser = RankZeroParser(prog=PROG, description="Allreduce algorithms side by side with MPI's own Allreduce, in "
+                            "nccl-tests' table layout; time is the slowest rank's per call (median over samples).",
                             epilog="Algorithms: " + ", ".join(names) + ". Run under mpiexec; output on rank 0.")
     parser.add_argument("-b", "--minbytes", default="4", help="smallest message, bytes per rank (K, M, G suffixes)")
     parser.add_argument("-e", "--maxbytes", default="64M", help="largest message, bytes per rank")
@@ -69,8 +70,9 @@ def build_parser() -> RankZeroParser:
     parser.add_argument("-n", "--iters", type=int, default=20,
                         help="timed samples per row (the median is reported)")
     parser.add_argument("-w", "--warmup_iters", type=int, default=5, help="untimed calls before the timed ones")
-    parser.add_argument("-d", "--datatype", default="float32", choices=[d.name for d in kernels.DTYPES])
-    parser.add_argument("-o", "--op", default="sum", choices=OPS)
+    parser.add_argument("-d", "--datatype", default="float32", choices=[d.name for d in kernels.DTYPES],
+                        help="element type")
+    parser.add_argument("-o", "--op", default="sum", choices=OPS, help="reduction operation")
     parser.add_argument("-a", "--algorithms", default="all",
                         help="comma-separated names, or 'all' (every registered algorithm, auto and mpi)")
     parser.add_argument("--batch", type=int, default=0,
@@ -118,6 +120,8 @@ def check_args(parser: RankZeroParser, args) -> None:
             parser.error(f"-a/--algorithms: unknown {', '.join(map(repr, unknown)) or 'empty list'}; "
                          f"choose from {', '.join(names)} or 'all'")
         args.names = list(dict.fromkeys(args.names))
+    if args.tune and not [n for n in args.names if n not in ("auto", "mpi")]:
+        parser.error("--tune: -a must name at least one of our algorithms (auto and mpi are not chosen from)")
     if args.plot and not have_matplotlib():
         parser.error("--plot needs matplotlib: pip install 'allreduce_kit[plot]'")
 
