@@ -10,6 +10,7 @@ from .algorithms import ALGORITHMS
 from .comm import library_comm
 from .reduction import OPS, reduction
 from . import selection
+from .stall import INSPECTOR, stall_timeout as default_stall_timeout
 
 #: ``ALLREDUCE_KIT_CHECK=1`` turns ``check=True`` on for every call that does not say otherwise.
 CHECK_BY_DEFAULT = os.environ.get("ALLREDUCE_KIT_CHECK", "0").lower() not in ("", "0", "false", "no")
@@ -36,29 +37,45 @@ def validate(buf, op: str, algorithm: str) -> None:
         raise ValueError(f"allreduce: unknown algorithm {algorithm!r}; choose 'auto' or one of {', '.join(ALGORITHMS)}")
 
 
-def _agree(comm, buf, op: str, algorithm: str, error: Optional[Exception]) -> None:
-    """Every rank raises the same kind of error if any rank's call differs or failed validation.
+def _signature(buf, op: str, algorithm: str, error: Optional[Exception]) -> np.ndarray:
+    """This rank's call as integers: [failed, length, dtype, op, algorithm], then negated."""
+    if error is not None:
+        fields = [1, 0, 0, 0, 0]
+    else:
+        names = ["auto", *ALGORITHMS]
+        fields = [0, buf.size, kernels.DTYPES.index(buf.dtype), OPS.index(op), names.index(algorithm)]
+    return np.array(fields + [-f for f in fields], dtype=np.int64)
 
-    Costs one small pickled ``allgather`` on the library's communicator.
+
+def _agree(comm, buf, op: str, algorithm: str, error: Optional[Exception]) -> None:
+    """Every rank raises if any rank's call differs from the others' or failed validation.
+
+    The common case costs one ``Allreduce`` (MAX) of ten int64 on the library's communicator:
+    the maxima of the fields and of their negations agree only if every rank's fields do.
+    Only when something differs does a pickled ``allgather`` collect details for the message.
     """
+    signature = _signature(buf, op, algorithm, error)
+    comm.Allreduce(MPI.IN_PLACE, signature, op=MPI.MAX)
+    half = signature.size // 2
+    if signature[0] == 0 and np.array_equal(signature[:half], -signature[half:]):
+        return
     mine = (type(error).__name__, str(error)) if error else (buf.size, buf.dtype.str, op, algorithm)
     calls = comm.allgather(mine)
+    if error is not None:
+        raise error
     errors = [(r, c) for r, c in enumerate(calls) if isinstance(c[0], str)]
     if errors:
-        if error is not None:
-            raise error
         rank, (kind, message) = errors[0]
         raise (TypeError if kind == "TypeError" else ValueError)(f"allreduce(check=True): rank {rank} failed: {message}")
-    for field, name in enumerate(("length", "dtype", "op", "algorithm")):
-        values = {c[field] for c in calls}
-        if len(values) > 1:
+    for field, name in enumerate(("buf length", "buf dtype", "op", "algorithm")):
+        if len({c[field] for c in calls}) > 1:
             per_rank = ", ".join(f"rank {r}: {c[field]!r}" for r, c in enumerate(calls))
-            raise ValueError(f"allreduce(check=True): buf {name} differs between ranks ({per_rank})" if field < 2
-                             else f"allreduce(check=True): {name} differs between ranks ({per_rank})")
+            raise ValueError(f"allreduce(check=True): {name} differs between ranks ({per_rank})")
 
 
 def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
-              comm: Optional[MPI.Intracomm] = None, check: Optional[bool] = None) -> np.ndarray:
+              comm: Optional[MPI.Intracomm] = None, check: Optional[bool] = None,
+              stall_timeout: Optional[float] = None) -> np.ndarray:
     """Reduce ``buf`` across the ranks of ``comm`` in place and return it.
 
     Collective: every rank of ``comm`` (default ``COMM_WORLD``) calls it with a C-contiguous,
@@ -70,6 +87,10 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
     sends anything. ``check=True`` (or ``ALLREDUCE_KIT_CHECK=1``) adds one small agreement step
     so that a call that differs between ranks, or is malformed on any rank, raises on every
     rank instead of hanging or producing garbage.
+
+    If the call has not finished after ``stall_timeout`` seconds (default: see
+    ``allreduce_kit.stall``; 0 turns it off), the ranks that are waiting print which ranks have
+    not arrived and the job is aborted.
     """
     lib = library_comm(comm)
     if check or (check is None and CHECK_BY_DEFAULT):
@@ -85,5 +106,10 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
         return buf
     if algorithm == "auto":
         algorithm = selection.choose_for(lib, buf.nbytes)
-    ALGORITHMS[algorithm](lib, buf if buf.ndim == 1 else buf.reshape(-1), reduction(op, p))
+    timeout = default_stall_timeout() if stall_timeout is None else stall_timeout
+    INSPECTOR.enter(lib.watch, timeout, algorithm, buf)
+    try:
+        ALGORITHMS[algorithm](lib, buf if buf.ndim == 1 else buf.reshape(-1), reduction(op, p))
+    finally:
+        INSPECTOR.leave()
     return buf

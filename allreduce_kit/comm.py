@@ -8,9 +8,13 @@ from typing import Dict, Optional
 import numpy as np
 from mpi4py import MPI
 
+from .stall import INSPECTOR, Watch
+
 
 class LibraryComm(MPI.Intracomm):
-    """A cloned intracommunicator plus reusable scratch buffers for the algorithms."""
+    """A cloned intracommunicator, reusable scratch buffers, and its stall-inspector watch."""
+
+    watch: Watch
 
     def __new__(cls, comm: MPI.Intracomm) -> "LibraryComm":
         self = super().__new__(cls, comm)
@@ -20,6 +24,7 @@ class LibraryComm(MPI.Intracomm):
         self.nranks, self.myrank = comm.Get_size(), comm.Get_rank()
         #: Per-communicator cache for ``algorithm="auto"`` (see ``selection.py``).
         self.auto = None
+        self.watch = INSPECTOR.watch(self)
         return self
 
     def scratch(self, count: int, dtype: np.dtype, slot: int = 0) -> np.ndarray:
@@ -45,6 +50,7 @@ class LibraryComm(MPI.Intracomm):
 
 def _free_clone(comm: MPI.Comm, keyval: int, clone: LibraryComm) -> None:
     if not MPI.Is_finalized():
+        INSPECTOR.unwatch(clone.watch)
         clone.Free()
 
 

@@ -1,0 +1,179 @@
+"""The stall inspector: name the ranks a stuck collective is waiting for, then end the job.
+
+In synchronous training one rank that never arrives stops everyone, silently. Here every rank
+runs a watchdog thread. A collective records which call it is (a per-communicator sequence
+number) and when it started; if it has not finished after ``timeout`` seconds, the watchdog
+asks every rank's watchdog, over a communicator of its own, which call that rank has reached,
+prints the ranks that have not arrived (Horovod's "missing ranks" report) and calls
+``MPI.COMM_WORLD.Abort``. The cost on the calling path is two attribute writes per call.
+
+The timeout comes from ``allreduce(..., stall_timeout=S)``, else ``set_stall_timeout(S)``, else
+``ALLREDUCE_KIT_STALL_TIMEOUT`` (seconds; default 60; 0 turns the inspector off).
+"""
+import atexit
+import os
+import sys
+import threading
+import time
+from typing import List, Optional, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+DEFAULT_TIMEOUT = 60.0
+QUERY, REPLY = 1, 2
+#: How long a stuck rank waits for the others' watchdogs to answer its query, in seconds.
+ANSWER_WINDOW = 3.0
+
+
+def _timeout_from_environment() -> float:
+    raw = os.environ.get("ALLREDUCE_KIT_STALL_TIMEOUT", "")
+    try:
+        value = float(raw) if raw else DEFAULT_TIMEOUT
+    except ValueError:
+        raise ValueError(f"ALLREDUCE_KIT_STALL_TIMEOUT must be a number of seconds, got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"ALLREDUCE_KIT_STALL_TIMEOUT must be >= 0 (0 turns it off), got {raw!r}")
+    return value
+
+
+_timeout = _timeout_from_environment()
+
+
+def set_stall_timeout(seconds: float) -> None:
+    """Set the default stall timeout for every later collective; 0 turns the inspector off."""
+    global _timeout
+    if seconds < 0:
+        raise ValueError(f"stall_timeout must be >= 0 seconds (0 turns it off), got {seconds}")
+    _timeout = float(seconds)
+
+
+def stall_timeout() -> float:
+    return _timeout
+
+
+class Watch:
+    """One communicator's watch: its call counter and a channel for the watchdogs' questions."""
+
+    def __init__(self, comm: MPI.Intracomm):
+        self.channel = MPI.Intracomm(comm).Dup()  # collective, once per library communicator
+        self.calls = 0
+        self.inbox = np.zeros(1, np.int64)
+        self.request = self.channel.Irecv(self.inbox, source=MPI.ANY_SOURCE, tag=QUERY)
+        self.replies: List[MPI.Request] = []
+
+    def close(self) -> None:
+        """Withdraw the pending receive and free the channel (before MPI finalizes)."""
+        if self.request != MPI.REQUEST_NULL:
+            self.request.Cancel()
+            self.request.Wait()
+        for reply in self.replies:
+            reply.Wait()
+        self.channel.Free()
+
+    def answer_queries(self) -> None:
+        """Tell any rank that asked which call this rank has reached (``calls``)."""
+        status = MPI.Status()
+        while self.request.Test(status):
+            self.replies.append(self.channel.Isend(np.array([self.calls], np.int64), dest=status.Get_source(), tag=REPLY))
+            self.request = self.channel.Irecv(self.inbox, source=MPI.ANY_SOURCE, tag=QUERY)
+        self.replies = [r for r in self.replies if not r.Test()]
+
+    def missing_ranks(self, call: int) -> Tuple[List[int], List[int]]:
+        """Ask every other rank which call it has reached: (behind ``call``, did not answer)."""
+        me, size = self.channel.Get_rank(), self.channel.Get_size()
+        others = [r for r in range(size) if r != me]
+        answers = {r: np.full(1, -1, np.int64) for r in others}
+        receives = {r: self.channel.Irecv(answers[r], source=r, tag=REPLY) for r in others}
+        asks = [self.channel.Isend(np.array([call], np.int64), dest=r, tag=QUERY) for r in others]
+        deadline = time.monotonic() + ANSWER_WINDOW
+        while time.monotonic() < deadline and not all(q.Test() for q in receives.values()):
+            self.answer_queries()  # other stuck ranks may be asking us at the same time
+            time.sleep(0.01)
+        del asks
+        behind = [r for r in others if receives[r].Test() and answers[r][0] < call]
+        silent = [r for r in others if not receives[r].Test()]
+        return behind, silent
+
+
+class Inspector:
+    """The process's watchdog thread and the collective it is watching now, if any."""
+
+    def __init__(self):
+        self.current: Optional[tuple] = None
+        self.watches: List[Watch] = []
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.thread: Optional[threading.Thread] = None
+        self.slow_reported: List[int] = []  # calls found slow but with every rank present
+
+    def watch(self, comm: MPI.Intracomm) -> Watch:
+        watch = Watch(comm)
+        with self.lock:
+            self.watches.append(watch)
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="allreduce_kit-stall-inspector", daemon=True)
+            self.thread.start()
+            atexit.register(self.stop)  # runs before mpi4py's own MPI_Finalize at exit
+        return watch
+
+    def unwatch(self, watch: Watch) -> None:
+        with self.lock:
+            self.watches.remove(watch)
+            watch.close()
+
+    def stop(self) -> None:
+        """End the thread and close every watch; called at exit, before MPI finalizes."""
+        self.stopping.set()
+        if self.thread is not None:
+            self.thread.join()
+        with self.lock:
+            if not MPI.Is_finalized():
+                for watch in self.watches:
+                    watch.close()
+            self.watches.clear()
+
+    def enter(self, watch: Watch, timeout: float, algorithm: str, buf: np.ndarray) -> None:
+        """A collective starts on ``watch``'s communicator (call this, then ``leave`` in finally)."""
+        watch.calls += 1
+        self.current = (watch, time.monotonic(), timeout, algorithm, buf)
+
+    def leave(self) -> None:
+        self.current = None
+
+    def _run(self) -> None:
+        while not self.stopping.wait(0.25):
+            with self.lock:
+                for watch in self.watches:
+                    watch.answer_queries()
+            current = self.current
+            if current is not None:
+                watch, started, timeout, algorithm, buf = current
+                waited = time.monotonic() - started
+                if timeout > 0 and waited > timeout * (1 + len(self.slow_reported)) and self.current is current:
+                    what = f"allreduce(algorithm={algorithm!r}, {buf.size} x {buf.dtype})"
+                    self._report(watch, watch.calls, waited, what)
+            else:
+                self.slow_reported.clear()
+
+    def _report(self, watch: Watch, call: int, waited: float, what: str) -> None:
+        """Abort, naming the ranks that have not arrived; if all have, the transfer is only slow."""
+        with self.lock:
+            behind, silent = watch.missing_ranks(call)
+        head = (f"allreduce_kit: stall: {what} (call #{call} on this communicator) has waited "
+                f"{waited:.1f} s on rank {watch.channel.Get_rank()}; ")
+        if not behind and not silent:
+            sys.stderr.write(head + "every rank has reached it, so the transfer is slow, not stuck; still waiting.\n")
+            self.slow_reported.append(call)
+            return
+        parts = []
+        if behind:
+            parts.append(f"missing ranks (have not reached this call): {behind}")
+        if silent:
+            parts.append(f"ranks that did not answer (dead, or blocked outside Python): {silent}")
+        sys.stderr.write(head + "; ".join(parts) + ". Aborting the job.\n")
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+
+
+INSPECTOR = Inspector()
