@@ -3,6 +3,7 @@
 >>> from allreduce_kit import allreduce, ALGORITHMS
 >>> allreduce(grad, op="mean", algorithm="ring")   # in place on every rank; returns grad
 """
+from . import yield_env  # first: sets MPICH's yield setting before mpi4py starts MPI  # noqa: F401
 from .abort import abort_hook_wanted, install_abort_hook
 from .algorithms import ALGORITHMS
 from .collective import allreduce, validate

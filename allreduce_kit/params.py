@@ -1,0 +1,109 @@
+"""Helpers for a data-parallel loop of your own: average gradients, broadcast parameters.
+
+Both work on one flat contiguous buffer (gradient fusion): one collective per bucket instead of
+one per layer. ``FlatParameters`` keeps all of a model's arrays as views into one buffer so that
+nothing is copied; ``average_arrays`` packs arbitrary arrays into a fused buffer and back.
+
+>>> flat = FlatParameters([(64, 32), (32,), (32, 10), (10,)])
+>>> W1, b1, W2, b2 = flat.views(flat.params)        # per-layer views into one buffer
+>>> broadcast_parameters(flat.params)                # rank 0's initial values everywhere
+>>> average_buffer(flat.grads, bucket_mb=4)          # mean over ranks, 4 MB at a time
+"""
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from .collective import allreduce
+from .comm import library_comm
+
+__all__ = ["FlatParameters", "average_arrays", "average_buffer", "broadcast_parameters", "bucket_bounds"]
+
+
+class FlatParameters:
+    """Parameters and gradients of the given shapes, each in one flat contiguous buffer."""
+
+    def __init__(self, shapes: Sequence[Tuple[int, ...]], dtype=np.float32):
+        self.shapes = [tuple(int(n) for n in s) for s in shapes]
+        sizes = [int(np.prod(s)) for s in self.shapes]
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+        self.size = int(self.offsets[-1])
+        self.dtype = np.dtype(dtype)
+        self.params = np.zeros(self.size, dtype=self.dtype)
+        self.grads = np.zeros(self.size, dtype=self.dtype)
+
+    def views(self, flat: np.ndarray) -> List[np.ndarray]:
+        """One view per shape into ``flat`` (writing to a view writes the buffer)."""
+        return [flat[a:b].reshape(s) for a, b, s in zip(self.offsets[:-1], self.offsets[1:], self.shapes)]
+
+
+def bucket_bounds(count: int, itemsize: int, bucket_mb: float) -> List[Tuple[int, int]]:
+    """Split ``count`` elements into consecutive ``[start, stop)`` buckets of at most ``bucket_mb`` MB.
+
+    ``bucket_mb <= 0`` means one bucket for everything. Every rank computes the same split.
+    """
+    if count == 0:
+        return []
+    if bucket_mb <= 0:
+        return [(0, count)]
+    per = max(1, int(bucket_mb * 1e6) // itemsize)
+    return [(start, min(start + per, count)) for start in range(0, count, per)]
+
+
+def average_buffer(buf: np.ndarray, *, bucket_mb: float = 0.0, comm: Optional[MPI.Intracomm] = None,
+                   algorithm: str = "auto") -> np.ndarray:
+    """Average the 1-D buffer ``buf`` over the ranks of ``comm`` in place, one bucket after another.
+
+    Collective; ``allreduce(op="mean")`` per bucket of at most ``bucket_mb`` MB (0: one bucket).
+    Returns ``buf``, bitwise the same on every rank.
+    """
+    if buf.ndim != 1:
+        raise ValueError(f"average_buffer: buf must be 1-D, got shape {buf.shape}")
+    for start, stop in bucket_bounds(buf.size, buf.itemsize, bucket_mb):
+        allreduce(buf[start:stop], op="mean", algorithm=algorithm, comm=comm)
+    return buf
+
+
+def average_arrays(arrays: Sequence[np.ndarray], comm: Optional[MPI.Intracomm] = None,
+                   algorithm: str = "auto", bucket_mb: float = 0.0) -> List[np.ndarray]:
+    """Average each array over the ranks of ``comm``, in place, through one fused buffer per dtype.
+
+    Collective: every rank passes arrays of the same shapes and dtypes in the same order. The
+    arrays are copied into a flat buffer, reduced with ``allreduce(op="mean")`` (in buckets of
+    ``bucket_mb`` MB if > 0) and copied back, so a model with many small layers costs one
+    collective, not one per layer. Returns the arrays.
+    """
+    arrays = list(arrays)
+    for i, a in enumerate(arrays):
+        if not isinstance(a, np.ndarray):
+            raise TypeError(f"average_arrays: arrays[{i}] must be a numpy.ndarray, got {type(a).__name__}")
+        if not a.flags.writeable:
+            raise ValueError(f"average_arrays: arrays[{i}] is read-only, but it is averaged in place")
+    by_dtype = {}
+    for i, a in enumerate(arrays):
+        by_dtype.setdefault(a.dtype.str, []).append(i)
+    for key in sorted(by_dtype):                      # the same order on every rank
+        members = by_dtype[key]
+        fused = np.concatenate([arrays[i].reshape(-1) for i in members]) if members else None
+        average_buffer(fused, bucket_mb=bucket_mb, comm=comm, algorithm=algorithm)
+        start = 0
+        for i in members:
+            n = arrays[i].size
+            arrays[i][...] = fused[start:start + n].reshape(arrays[i].shape)
+            start += n
+    return arrays
+
+
+def broadcast_parameters(buf: np.ndarray, root: int = 0, comm: Optional[MPI.Intracomm] = None) -> np.ndarray:
+    """Overwrite ``buf`` on every rank with ``root``'s values (collective); returns ``buf``.
+
+    Call once before training so that every replica starts from the same parameters.
+    """
+    if not isinstance(buf, np.ndarray) or not buf.flags.c_contiguous or not buf.flags.writeable:
+        raise ValueError("broadcast_parameters: buf must be a writable C-contiguous numpy.ndarray")
+    lib = library_comm(comm)
+    if not 0 <= root < lib.Get_size():
+        raise ValueError(f"broadcast_parameters: root {root} is not a rank of comm (size {lib.Get_size()})")
+    if lib.Get_size() > 1 and buf.size:
+        lib.Bcast(buf, root=root)
+    return buf

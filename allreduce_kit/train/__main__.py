@@ -1,0 +1,230 @@
+"""``mpirun -n 8 python -m allreduce_kit.train``: synchronous data-parallel SGD with a straggler report.
+
+Run ``python -m allreduce_kit.train --help`` for the options; docs/training.md explains the output.
+"""
+import argparse
+import os
+import sys
+from typing import List, Optional
+
+from mpi4py import MPI
+
+from .. import yield_env
+from ..algorithms import ALGORITHMS
+from ..cli import RankZeroParser, is_root, say, write_json
+from ..threads import limit_threads
+from . import report
+from .trainer import Config, ResumeError, Trainer
+
+DEFAULTS = Config()
+
+
+def _hidden(text: str):
+    try:
+        sizes = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated layer widths such as 256,128, got {text!r}")
+    if any(s < 1 for s in sizes):
+        raise argparse.ArgumentTypeError(f"layer widths must be >= 1, got {text!r}")
+    return sizes
+
+
+def _straggler(text: str):
+    rank, sep, ms = text.partition(":")
+    try:
+        value = (int(rank), float(ms))
+    except ValueError:
+        value = None
+    if not sep or value is None or value[0] < 0 or not value[1] >= 0:
+        raise argparse.ArgumentTypeError(f"expected RANK:MS such as 3:20 (rank >= 0, delay in ms >= 0), got {text!r}")
+    return value
+
+
+def _at_least(low, kind=int, strict=False):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
+        if value < low or (strict and value == low) or value != value:
+            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low}, got {text!r}")
+        return value
+    return parse
+
+
+def build_parser() -> RankZeroParser:
+    d = DEFAULTS
+    p = RankZeroParser(prog="python -m allreduce_kit.train",
+                       description="Synchronous data-parallel SGD of an MLP over allreduce_kit's allreduce, "
+                                   "with per-rank timing and a straggler report. Launch with "
+                                   "mpirun -n P; only rank 0 prints.")
+    g = p.add_argument_group("training")
+    g.add_argument("--epochs", type=_at_least(1), default=d.epochs, help="passes over the training set")
+    g.add_argument("--batch-size", type=_at_least(1), default=d.batch_size,
+                   help="samples per rank per step (the global batch is P times this)")
+    g.add_argument("--lr", type=_at_least(0.0, float, strict=True), default=d.lr, help="base learning rate")
+    g.add_argument("--lr-scaling", choices=("none", "linear"), default=d.lr_scaling,
+                   help="linear: use lr x P, reached by a linear warm-up from lr (Goyal et al. 2017)")
+    g.add_argument("--warmup-epochs", type=_at_least(0.0, float), default=d.warmup_epochs,
+                   help="epochs of linear warm-up from lr to the scaled lr")
+    g.add_argument("--momentum", type=_at_least(0.0, float), default=d.momentum, help="SGD momentum (< 1)")
+    g.add_argument("--weight-decay", type=_at_least(0.0, float), default=d.weight_decay, help="L2 weight decay")
+    g.add_argument("--hidden", type=_hidden, default=d.hidden, metavar="W1,W2,...",
+                   help="hidden layer widths (empty string: softmax regression)")
+    g.add_argument("--dtype", choices=("float32", "float64"), default=d.dtype, help="parameter and data dtype")
+    g.add_argument("--seed", type=int, default=d.seed, help="seed for data, split, shuffling, init and jitter")
+    g.add_argument("--max-steps", type=_at_least(0), default=d.max_steps, help="stop after this many steps (0: no limit)")
+    g = p.add_argument_group("data")
+    g.add_argument("--dataset", choices=("digits", "synthetic"), default=d.dataset,
+                   help="digits: scikit-learn's bundled 8x8 digits; synthetic: generated from --seed")
+    g.add_argument("--samples", type=_at_least(2), default=d.samples, help="synthetic: number of samples")
+    g.add_argument("--features", type=_at_least(1), default=d.features, help="synthetic: features per sample")
+    g.add_argument("--classes", type=_at_least(2), default=d.classes, help="synthetic: number of classes")
+    g.add_argument("--test-fraction", type=_at_least(0.0, float, strict=True), default=d.test_fraction,
+                   help="share of the data held out for testing (< 1)")
+    g = p.add_argument_group("communication")
+    g.add_argument("--algorithm", choices=("auto", *ALGORITHMS), default=d.algorithm,
+                   help="allreduce algorithm (auto: the library's choice for the size)")
+    g.add_argument("--bucket-mb", type=_at_least(0.0, float), default=d.bucket_mb,
+                   help="reduce the fused gradient in buckets of at most this many MB (0: one bucket)")
+    g = p.add_argument_group("stragglers and timing")
+    g.add_argument("--straggler", type=_straggler, default=None, metavar="RANK:MS",
+                   help="add MS milliseconds to RANK's compute every step")
+    g.add_argument("--jitter-ms", type=_at_least(0.0, float), default=d.jitter_ms,
+                   help="add a random delay, uniform in [0, 2 x MS] (mean MS), to every rank's compute every step")
+    g.add_argument("--gather-every", type=_at_least(1), default=d.gather_every, metavar="K",
+                   help="gather the per-step timing records to rank 0 every K steps")
+    g.add_argument("--bench-allreduce", type=_at_least(0), default=0, metavar="N",
+                   help="after training, time N averages of a gradient-sized buffer alone and compare")
+    g = p.add_argument_group("output")
+    g.add_argument("--progress", choices=("auto", "bar", "lines"), default="auto",
+                   help="auto: a tqdm bar on a terminal, plain per-epoch lines otherwise")
+    g.add_argument("--json", metavar="PATH", default=None, help="write config, per-epoch metrics and the report here")
+    g.add_argument("--plot", metavar="PATH.png", default=None,
+                   help="draw per-rank compute/transfer/wait bars and the step-time timeline (needs matplotlib)")
+    g = p.add_argument_group("checkpoints")
+    g.add_argument("--checkpoint-dir", metavar="DIR", default=None, help="where rank 0 writes checkpoint.npz")
+    g.add_argument("--checkpoint-every", type=_at_least(0), default=d.checkpoint_every, metavar="N",
+                   help="save every N steps (0: only at the end), atomically")
+    g.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.npz")
+    return p
+
+
+def _problems(args, ranks: int) -> Optional[str]:
+    """Checks that need the rank count or the file system; the verdict is rank 0's, shared by all."""
+    if args.momentum >= 1:
+        return f"argument --momentum: must be < 1, got {args.momentum}"
+    if args.test_fraction >= 1:
+        return f"argument --test-fraction: must be < 1, got {args.test_fraction}"
+    if args.straggler and args.straggler[0] >= ranks:
+        return f"argument --straggler: rank {args.straggler[0]} does not exist in a job of {ranks} ranks (0..{ranks - 1})"
+    if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
+        return f"argument {'--resume' if args.resume else '--checkpoint-every'}: needs --checkpoint-dir"
+    train = 1797 if args.dataset == "digits" else args.samples
+    train -= int(round(train * args.test_fraction))
+    if train < ranks or round(train * 0 + (1797 if args.dataset == 'digits' else args.samples) * args.test_fraction) < 1:
+        return (f"argument --samples/--test-fraction: {train} training samples cannot give each of {ranks} "
+                f"ranks a shard, or the test split is empty")
+    if not is_root():
+        return None
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            return f"argument {flag}: directory {os.path.dirname(os.path.abspath(path))} does not exist"
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            return "argument --plot: matplotlib is not installed; pip install 'allreduce_kit[plot]' (or matplotlib)"
+    return None
+
+
+def config_from(args) -> Config:
+    return Config(**{k: getattr(args, k) for k in Config.__dataclass_fields__})
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    comm = MPI.COMM_WORLD
+    problem = comm.bcast(_problems(args, comm.Get_size()), root=0)
+    if problem:
+        parser.error(problem)                          # rank 0 prints; every rank exits 2
+    threads = limit_threads(comm)
+    config = config_from(args)
+    try:
+        trainer = Trainer(config, comm)
+    except ResumeError as error:
+        say(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return 2
+    ranks = trainer.ranks
+    yield_state = os.environ.get(yield_env.VARIABLE, "unset")
+    yield_note = f"{yield_env.VARIABLE}={yield_state}" + (" (set by allreduce_kit: more ranks than cores)"
+                                                         if yield_env.SET_BY_US else "")
+    d = trainer.data
+    say(f"allreduce_kit.train: {ranks} ranks on {len(set(trainer.hosts))} host(s), {threads} thread(s) per rank, {yield_note}")
+    say(f"data: {d.name}, {len(d.y_train)} train / {len(d.y_test)} test samples, {d.features} features, "
+        f"{d.classes} classes; {trainer.steps_per_epoch} steps per epoch on shards of {len(d.y_train) // ranks}")
+    say(f"model: MLP {trainer.model.describe()}, {trainer.model.size:,} parameters, one {config.dtype} "
+        f"gradient buffer of {trainer.model.grads.nbytes / 1e6:.2f} MB in {trainer.buckets} bucket(s); "
+        f"batch {config.batch_size}/rank ({config.batch_size * ranks} global), lr {config.lr}"
+        f"{' x ' + str(ranks) + ' (linear scaling)' if config.lr_scaling == 'linear' else ''}, "
+        f"algorithm {config.algorithm}" + (f"; resumed at step {trainer.step}" if config.resume else ""))
+    if config.straggler:
+        say(f"injected straggler: rank {config.straggler[0]} +{config.straggler[1]:g} ms per step")
+    if config.jitter_ms:
+        say(f"injected jitter: every rank +uniform(0, {2 * config.jitter_ms:g}) ms per step")
+
+    bar = None
+    use_bar = is_root() and (args.progress == "bar" or (args.progress == "auto" and sys.stderr.isatty()))
+    if use_bar:
+        from tqdm import tqdm
+
+    def on_step(i: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=trainer.steps_per_epoch, initial=i - 1, leave=False, unit="step",
+                       desc=f"epoch {trainer.step // trainer.steps_per_epoch + (i < trainer.steps_per_epoch)}")
+        bar.update(1)
+
+    def on_epoch(metrics) -> None:
+        nonlocal bar
+        line = report.epoch_line(metrics, config.epochs)
+        if bar is not None:
+            bar.close()
+            bar = None
+        say(line)
+
+    result = trainer.run(on_step=on_step if use_bar else None, on_epoch=on_epoch)
+    alone = trainer.allreduce_alone(args.bench_allreduce) if args.bench_allreduce else None
+    if is_root():
+        s = result["straggler"]
+        acc = result["test_accuracy"]
+        say(f"test accuracy {100 * acc:.2f}% after {result['steps']} steps | "
+            f"{result['samples_per_second']:,.0f} samples/s | {result['train_seconds']:.1f} s training")
+        say(f"replicas bitwise identical on all {ranks} ranks: {'yes' if result['replicas_identical'] else 'NO'}"
+            f" (parameters blake2b {result['params_digest']})")
+        if s["steps"]:
+            say(f"\nstraggler report over {s['steps']} steps (records gathered every {config.gather_every} steps):")
+            say(report.headline(s))
+            say(report.straggler_table(s))
+        if alone:
+            ratio = s["transfer_ms_p50"] / alone["transfer_ms_p50"] if alone["transfer_ms_p50"] > 0 else float("nan")
+            alone["trainer_transfer_ms_p50"] = s["transfer_ms_p50"]
+            alone["ratio"] = ratio
+            say(f"\nallreduce of the {trainer.model.grads.nbytes / 1e6:.2f} MB gradient alone: {alone['transfer_ms_p50']:.3f} ms"
+                f" (median of {alone['calls']}, p10-p90 {alone['transfer_ms_p10']:.3f}-{alone['transfer_ms_p90']:.3f});"
+                f" in the trainer: {s['transfer_ms_p50']:.3f} ms; ratio {ratio:.3f}")
+        payload = {"config": config.as_dict(), "threads_per_rank": threads, "heavy_yield": yield_state,
+                   **result, "allreduce_alone": alone}
+        if args.json:
+            write_json(args.json, payload)
+            say(f"wrote {args.json}")
+        if args.plot:
+            report.plot(args.plot, result)
+            say(f"wrote {args.plot}")
+    ok = comm.bcast(result["replicas_identical"] if is_root() else None, root=0)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

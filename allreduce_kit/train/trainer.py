@@ -1,0 +1,258 @@
+"""Synchronous data-parallel SGD over the public API: ``broadcast_parameters``, ``allreduce``.
+
+One step on every rank: forward and backward on the local batch into the flat gradient buffer,
+``average_buffer`` (``allreduce(op="mean")`` per bucket), then the same SGD update everywhere,
+so the replicas stay bitwise identical. The trainer never chooses or knows the algorithm
+(``algorithm`` is passed through to ``allreduce``; "auto" lets the library pick).
+"""
+import hashlib
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from ..collective import allreduce
+from ..params import average_buffer, bucket_bounds, broadcast_parameters
+from . import checkpoint, data
+from .model import MLP
+from .optimizer import SGD, learning_rate
+from .timing import StepTimer, analyse, pause
+
+
+@dataclass
+class Config:
+    """Everything a run depends on (the CLI's options; defaults are the CLI's defaults)."""
+    epochs: int = 40
+    batch_size: int = 32
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    hidden: Tuple[int, ...] = (128, 64)
+    dataset: str = "digits"
+    samples: int = 20000
+    features: int = 64
+    classes: int = 10
+    test_fraction: float = 0.2
+    algorithm: str = "auto"
+    bucket_mb: float = 25.0
+    lr_scaling: str = "none"
+    warmup_epochs: float = 0.0
+    seed: int = 0
+    dtype: str = "float32"
+    straggler: Optional[Tuple[int, float]] = None    # (rank, ms)
+    jitter_ms: float = 0.0
+    gather_every: int = 50
+    max_steps: int = 0
+    checkpoint_dir: Optional[str] = None
+    checkpoint_every: int = 0
+    resume: bool = False
+
+    def as_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+class ResumeError(Exception):
+    """The checkpoint to resume from is missing or does not fit this run (same on every rank)."""
+
+
+def load_data(config: Config) -> data.Dataset:
+    if config.dataset == "digits":
+        return data.digits(config.test_fraction, config.seed, config.dtype)
+    return data.synthetic(config.samples, config.features, config.classes, config.test_fraction,
+                          config.seed, config.dtype)
+
+
+def digest(buf: np.ndarray) -> str:
+    return hashlib.blake2b(np.ascontiguousarray(buf).data, digest_size=16).hexdigest()
+
+
+class Trainer:
+    """Data-parallel training of an MLP on the ranks of ``comm`` (default ``COMM_WORLD``)."""
+
+    def __init__(self, config: Config, comm: Optional[MPI.Intracomm] = None,
+                 dataset: Optional[data.Dataset] = None):
+        self.config = config
+        self.comm = (comm or MPI.COMM_WORLD).Dup()       # the trainer's own few messages
+        self.rank, self.ranks = self.comm.Get_rank(), self.comm.Get_size()
+        self.data = dataset if dataset is not None else load_data(config)
+        self.model = MLP(self.data.features, config.hidden, self.data.classes, dtype=config.dtype)
+        # Every rank draws different initial values; the broadcast makes rank 0's everyone's.
+        self.model.init(np.random.default_rng([config.seed, 4, self.rank]))
+        broadcast_parameters(self.model.params, root=0, comm=self.comm)
+        self.optimizer = SGD(self.model.size, self.model.dtype, config.momentum, config.weight_decay)
+        self.steps_per_epoch = data.steps_per_epoch(len(self.data.y_train), self.ranks, config.batch_size)
+        self.warmup_steps = int(round(config.warmup_epochs * self.steps_per_epoch))
+        self.jitter_rng = np.random.default_rng([config.seed, 5, self.rank])
+        self.delay = config.straggler[1] / 1e3 if config.straggler and config.straggler[0] == self.rank else 0.0
+        self.timer = StepTimer(self.comm, config.gather_every)
+        self.hosts = self.comm.allgather(MPI.Get_processor_name())
+        self.step = 0
+        self.history: List[Dict[str, Any]] = []
+        self.buckets = len(bucket_bounds(self.model.size, self.model.dtype.itemsize, config.bucket_mb))
+        if config.resume:
+            self._resume()
+
+    # -- one step ---------------------------------------------------------------------------
+    def train_step(self, idx: np.ndarray) -> Tuple[float, int]:
+        """Compute, average, update on this rank's batch ``idx``; records the three times."""
+        t0 = time.perf_counter()
+        loss, correct = self.model.forward_backward(self.data.X_train[idx], self.data.y_train[idx])
+        if self.delay:
+            pause(self.delay)
+        if self.config.jitter_ms > 0:
+            pause(self.jitter_rng.uniform(0.0, 2.0 * self.config.jitter_ms) / 1e3)
+        t1 = time.perf_counter()
+        average_buffer(self.model.grads, bucket_mb=self.config.bucket_mb, comm=self.comm,
+                       algorithm=self.config.algorithm)
+        t2 = time.perf_counter()
+        lr = learning_rate(self.config.lr, self.ranks, self.config.lr_scaling, self.warmup_steps, self.step)
+        self.optimizer.step(self.model.params, self.model.grads, lr)
+        t3 = time.perf_counter()
+        self.timer.record(t1 - t0, t2 - t1, t3 - t2)
+        self.step += 1
+        return loss, correct
+
+    def total_steps(self) -> int:
+        total = self.config.epochs * self.steps_per_epoch
+        return min(total, self.config.max_steps) if self.config.max_steps > 0 else total
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self, on_step: Optional[Callable[[int], None]] = None,
+            on_epoch: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
+        """Train until ``epochs`` (or ``max_steps``) and return the run's results (report on rank 0)."""
+        cfg, total = self.config, self.total_steps()
+        while self.step < total:
+            epoch, first = divmod(self.step, self.steps_per_epoch)
+            batches = data.epoch_batches(len(self.data.y_train), self.ranks, self.rank,
+                                         cfg.batch_size, cfg.seed, epoch)
+            sums = np.zeros(5, dtype=np.float64)        # loss, correct, samples, test correct, test samples
+            start = time.perf_counter()
+            for i in range(first, len(batches)):
+                if self.step >= total:
+                    break
+                loss, correct = self.train_step(batches[i])
+                sums[:3] += (loss, correct, len(batches[i]))
+                if cfg.checkpoint_dir and cfg.checkpoint_every > 0 and self.step % cfg.checkpoint_every == 0:
+                    self.save_checkpoint()
+                if on_step:
+                    on_step(i + 1)
+            elapsed = time.perf_counter() - start
+            self.history.append(self._epoch_metrics(epoch, sums, elapsed, self.step - epoch * self.steps_per_epoch - first))
+            if on_epoch:
+                on_epoch(self.history[-1])
+        self.timer.flush()
+        if cfg.checkpoint_dir:
+            self.save_checkpoint()
+        return self.results()
+
+    def _epoch_metrics(self, epoch: int, sums: np.ndarray, elapsed: float, steps: int) -> Dict[str, Any]:
+        test = slice(self.rank, None, self.ranks)
+        sums[3] = self.model.evaluate(self.data.X_test[test], self.data.y_test[test])
+        sums[4] = len(self.data.y_test[test])
+        allreduce(sums, op="sum", comm=self.comm)
+        seconds = float(self.comm.bcast(elapsed, root=0))
+        return {
+            "epoch": epoch + 1,
+            "steps": steps,
+            "loss": sums[0] / max(sums[2], 1),
+            "train_accuracy": sums[1] / max(sums[2], 1),
+            "test_accuracy": sums[3] / max(sums[4], 1),
+            "samples": int(sums[2]),
+            "seconds": seconds,
+            "samples_per_second": sums[2] / seconds if seconds > 0 else 0.0,
+            "step_ms": 1e3 * seconds / steps if steps else 0.0,
+            "lr": learning_rate(self.config.lr, self.ranks, self.config.lr_scaling, self.warmup_steps,
+                                max(self.step - 1, 0)),
+        }
+
+    # -- the end ----------------------------------------------------------------------------
+    def replicas_identical(self) -> Tuple[bool, str]:
+        """Whether every rank holds bitwise the same parameters (collective); and rank 0's digest."""
+        digests = self.comm.allgather(digest(self.model.params))
+        return all(d == digests[0] for d in digests), digests[0]
+
+    def results(self) -> Dict[str, Any]:
+        identical, params_digest = self.replicas_identical()
+        records = self.timer.records()
+        samples = sum(e["samples"] for e in self.history)
+        seconds = sum(e["seconds"] for e in self.history)
+        out = {
+            "ranks": self.ranks,
+            "hosts": sorted(set(self.hosts)),
+            "parameters": self.model.size,
+            "model": self.model.describe(),
+            "buckets": self.buckets,
+            "steps": self.step,
+            "epochs": self.history,
+            "test_accuracy": self.history[-1]["test_accuracy"] if self.history else None,
+            "samples_per_second": samples / seconds if seconds > 0 else 0.0,
+            "train_seconds": seconds,
+            "replicas_identical": identical,
+            "params_digest": params_digest,
+        }
+        if records is not None:
+            out["straggler"] = analyse(records, self.hosts)
+        return out
+
+    def allreduce_alone(self, calls: int) -> Optional[Dict[str, float]]:
+        """Time ``calls`` gradient averages of the same buffer and buckets outside training.
+
+        Each call starts after a barrier; per call, the smallest time over ranks is the transfer
+        (the same estimator as the trainer's). Returns medians on rank 0, None elsewhere.
+        """
+        buf = self.model.grads.copy()
+        times = np.zeros(calls, dtype=np.float64)
+        for i in range(calls):
+            self.comm.Barrier()
+            t0 = time.perf_counter()
+            average_buffer(buf, bucket_mb=self.config.bucket_mb, comm=self.comm, algorithm=self.config.algorithm)
+            times[i] = time.perf_counter() - t0
+        every = np.zeros((self.ranks, calls)) if self.rank == 0 else None
+        self.comm.Gather(times, every, root=0)
+        if every is None:
+            return None
+        transfer = every.min(axis=0) * 1e3
+        return {"calls": calls, "transfer_ms_p50": float(np.median(transfer)),
+                "transfer_ms_p10": float(np.percentile(transfer, 10)),
+                "transfer_ms_p90": float(np.percentile(transfer, 90)),
+                "allreduce_ms_p50": float(np.median(every * 1e3))}
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def save_checkpoint(self) -> None:
+        """Rank 0 writes parameters, velocity, step and every rank's jitter RNG state (collective)."""
+        states = self.comm.gather(self.jitter_rng.bit_generator.state, root=0)
+        if self.rank == 0:
+            meta = {"step": self.step, "ranks": self.ranks, "widths": self.model.widths,
+                    "dtype": self.model.dtype.name, "seed": self.config.seed,
+                    "data_rng": {"scheme": "permutation of epoch e drawn from numpy default_rng([seed, 3, e])",
+                                 "seed": self.config.seed},
+                    "jitter_rng_states": states, "config": self.config.as_dict()}
+            checkpoint.save(self.config.checkpoint_dir,
+                            {"params": self.model.params, "velocity": self.optimizer.velocity}, meta)
+
+    def _resume(self) -> None:
+        error, meta = None, None
+        if self.rank == 0:
+            try:
+                arrays, meta = checkpoint.load(self.config.checkpoint_dir)
+                if meta["widths"] != self.model.widths or meta["dtype"] != self.model.dtype.name:
+                    error = (f"--resume: the checkpoint in {self.config.checkpoint_dir} holds a "
+                             f"{'-'.join(map(str, meta['widths']))} {meta['dtype']} model, this run builds "
+                             f"{self.model.describe()} {self.model.dtype.name}")
+                else:
+                    self.model.params[...] = arrays["params"]
+                    self.optimizer.velocity[...] = arrays["velocity"]
+            except FileNotFoundError:
+                error = f"--resume: no checkpoint in {self.config.checkpoint_dir} ({checkpoint.FILENAME} is missing)"
+            except (ValueError, KeyError, OSError) as bad:
+                error = f"--resume: cannot read {checkpoint.path_in(self.config.checkpoint_dir)}: {bad}"
+        error, meta = self.comm.bcast((error, meta), root=0)
+        if error:
+            raise ResumeError(error)
+        broadcast_parameters(self.model.params, root=0, comm=self.comm)
+        broadcast_parameters(self.optimizer.velocity, root=0, comm=self.comm)
+        self.step = int(meta["step"])
+        if meta["ranks"] == self.ranks:
+            self.jitter_rng.bit_generator.state = meta["jitter_rng_states"][self.rank]
