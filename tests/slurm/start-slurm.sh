@@ -16,7 +16,7 @@
 # Settings (environment):
 #   ALLREDUCE_KIT_SLURM_DIR    where everything goes       (default /tmp/allreduce_kit-slurm)
 #   ALLREDUCE_KIT_SLURM_CPUS   CPUs declared per node       (default 8, whatever the hardware)
-#   ALLREDUCE_KIT_SLURM_NODES  simulated nodes, 1 or more   (default 1; see "Nodes" below)
+#   ALLREDUCE_KIT_SLURM_NODES  nodes, 1 or more              (default 2, all on this machine)
 #   ALLREDUCE_KIT_SLURM_PORT   slurmctld port; slurmd use the next ones (default 6817)
 #
 # Facts this relies on (Slurm 22.05 from Debian 12): SlurmUser=root; no cgroups
@@ -28,7 +28,7 @@ set -euo pipefail
 
 DIR=${ALLREDUCE_KIT_SLURM_DIR:-/tmp/allreduce_kit-slurm}
 CPUS=${ALLREDUCE_KIT_SLURM_CPUS:-8}
-NODES=${ALLREDUCE_KIT_SLURM_NODES:-1}
+NODES=${ALLREDUCE_KIT_SLURM_NODES:-2}
 PORT=${ALLREDUCE_KIT_SLURM_PORT:-6817}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
@@ -66,10 +66,17 @@ fi
 if [[ $NODES -eq 1 ]]; then
     NODE_NAMES=("$HOST")
 else
-    # Several slurmd on one machine (Slurm's "multiple slurmd" test mode): each node is a name
-    # for this machine with its own slurmd port. Names are in the allreduce-node-N series.
+    # Several slurmd on one machine, each a node of its own: its own name, port and spool, and
+    # its own host name (a UTS namespace), so that MPI too sees ranks on different hosts and
+    # talks between them over TCP rather than shared memory. The names resolve to 127.0.0.1.
     NODE_NAMES=()
-    for ((i = 1; i <= NODES; i++)); do NODE_NAMES+=("allreduce-node-$i"); done
+    for ((i = 1; i <= NODES; i++)); do
+        NODE_NAMES+=("allreduce-node-$i")
+        if ! getent hosts "allreduce-node-$i" >/dev/null; then
+            say "adding allreduce-node-$i to /etc/hosts (127.0.0.1)"
+            echo "127.0.0.1 allreduce-node-$i" >>/etc/hosts
+        fi
+    done
 fi
 
 # ---- 3. configuration --------------------------------------------------------------------------
@@ -106,7 +113,7 @@ fi
     echo "SlurmdTimeout=60"
     echo "SlurmctldTimeout=60"
     for ((i = 0; i < ${#NODE_NAMES[@]}; i++)); do
-        echo "NodeName=${NODE_NAMES[$i]} NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$((PORT + 1 + i)) CPUs=$CPUS State=UNKNOWN"
+        echo "NodeName=${NODE_NAMES[$i]} NodeHostname=${NODE_NAMES[$i]} NodeAddr=127.0.0.1 Port=$((PORT + 1 + i)) CPUs=$CPUS State=UNKNOWN"
     done
     echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=30 State=UP OverSubscribe=NO"
 } >"$DIR/slurm.conf"
@@ -135,7 +142,12 @@ fi
 # ---- 5. slurmctld and slurmd -------------------------------------------------------------------
 slurmctld -f "$SLURM_CONF" -c -i || die "slurmctld did not start; see $DIR/slurmctld.log"
 for node in "${NODE_NAMES[@]}"; do
-    slurmd -f "$SLURM_CONF" -N "$node" || die "slurmd $node did not start; see $DIR/slurmd-$node.log"
+    if [[ $node == "$HOST" ]]; then
+        slurmd -f "$SLURM_CONF" -N "$node"
+    else
+        # shellcheck disable=SC2016  # $1 and $2 expand in the inner shell, on purpose
+        unshare --uts /bin/sh -c 'hostname "$1" && exec slurmd -f "$2" -N "$1"' sh "$node" "$SLURM_CONF"
+    fi || die "slurmd $node did not start; see $DIR/slurmd-$node.log"
 done
 
 # ---- 6. wait until every node is idle ----------------------------------------------------------
