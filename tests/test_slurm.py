@@ -33,7 +33,7 @@ JOB_TIMEOUT = 420  # seconds from submission to the end of the slowest job, queu
 
 # Small runs: the point is the plumbing, not the numbers.
 TRAIN_ARGS = ["--epochs", "1"]
-BENCH_ARGS = ["-b", "8", "-e", "65536", "-f", "64", "-n", "5", "-w", "1"]
+BENCH_ARGS = ["-b", "8", "-e", "32K", "-f", "64", "-n", "3", "-w", "1", "--batch", "2"]
 
 pytestmark = pytest.mark.slow
 
@@ -216,15 +216,15 @@ def test_train_across_two_nodes(jobs):
 def check_bench(job: Job) -> None:
     run = job.expect_success("bench")
     out = job.slurm_out
-    assert "busbw" in out and "#wrong" in out, out
+    assert f"launcher: {job.name.split('-')[-1]}" in out
+    assert re.search(r"algorithm \| +time\(us\).*busbw\(GB/s\) \| +#wrong", out), out    # the table's header
     results = json.loads((run / "results.json").read_text())
-    assert results, "empty --json results"
     with open(run / "results.csv", newline="") as table:
         rows = list(csv.DictReader(table))
-    assert rows, "empty --csv results"
-    algorithms = {row["algorithm"] for row in rows}
-    assert {"mpi", "ring"} <= algorithms, algorithms
-    assert all(int(float(row["wrong"])) == 0 for row in rows), rows
+    assert rows and len(rows) == len(results["rows"]), "--csv and --json should hold the same rows"
+    assert {"mpi", "ring", "tree", "auto"} <= {row["algorithm"] for row in rows}
+    assert {int(row["ranks"]) for row in rows} == {job.tasks}
+    assert all(int(row["wrong"]) == 0 for row in rows), [row for row in rows if row["wrong"] != "0"]
     assert (run / "busbw.png").stat().st_size > 0
 
 

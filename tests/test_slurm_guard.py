@@ -51,7 +51,7 @@ def run(args, env):
                           env=dict(os.environ, **env))
 
 
-@pytest.mark.parametrize("module", ["allreduce_kit.train"])
+@pytest.mark.parametrize("module", ["allreduce_kit.train", "allreduce_kit.bench"])
 def test_a_cli_refuses_to_run_as_one_of_several_unconnected_copies(module):
     result = run(["-m", module], {"SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "0"})
     assert result.returncode == 2, result
@@ -61,7 +61,7 @@ def test_a_cli_refuses_to_run_as_one_of_several_unconnected_copies(module):
 
 
 def test_only_the_first_copy_prints():
-    result = run(["-m", "allreduce_kit.launch"], {"SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "3"})
+    result = run(["-m", "allreduce_kit.bench"], {"SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "3"})
     assert result.returncode == 2 and result.stderr == ""
 
 
