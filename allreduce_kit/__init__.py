@@ -8,6 +8,7 @@ from .abort import abort_hook_wanted, install_abort_hook
 from .algorithms import ALGORITHMS
 from .collective import allreduce, validate
 from .comm import library_comm
+from .params import FlatParameters, average_arrays, average_buffer, broadcast_parameters
 from .reduction import OPS
 
 __version__ = "0.1.0"
@@ -16,3 +17,4 @@ if abort_hook_wanted():
     install_abort_hook()
 
 __all__ = ["allreduce", "ALGORITHMS", "OPS", "library_comm", "validate", "install_abort_hook", "__version__"]
+__all__ += ["average_arrays", "average_buffer", "broadcast_parameters", "FlatParameters"]

@@ -70,7 +70,7 @@ def build_parser() -> RankZeroParser:
                    help="epochs of linear warm-up from lr to the scaled lr")
     g.add_argument("--momentum", type=_at_least(0.0, float), default=d.momentum, help="SGD momentum (< 1)")
     g.add_argument("--weight-decay", type=_at_least(0.0, float), default=d.weight_decay, help="L2 weight decay")
-    g.add_argument("--hidden", type=_hidden, default=d.hidden, metavar="W1,W2,...",
+    g.add_argument("--hidden", type=_hidden, default=",".join(map(str, d.hidden)), metavar="W1,W2,...",
                    help="hidden layer widths (empty string: softmax regression)")
     g.add_argument("--dtype", choices=("float32", "float64"), default=d.dtype, help="parameter and data dtype")
     g.add_argument("--seed", type=int, default=d.seed, help="seed for data, split, shuffling, init and jitter")
@@ -121,11 +121,13 @@ def _problems(args, ranks: int) -> Optional[str]:
         return f"argument --straggler: rank {args.straggler[0]} does not exist in a job of {ranks} ranks (0..{ranks - 1})"
     if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
         return f"argument {'--resume' if args.resume else '--checkpoint-every'}: needs --checkpoint-dir"
-    train = 1797 if args.dataset == "digits" else args.samples
-    train -= int(round(train * args.test_fraction))
-    if train < ranks or round(train * 0 + (1797 if args.dataset == 'digits' else args.samples) * args.test_fraction) < 1:
-        return (f"argument --samples/--test-fraction: {train} training samples cannot give each of {ranks} "
-                f"ranks a shard, or the test split is empty")
+    total = 1797 if args.dataset == "digits" else args.samples
+    test = int(round(total * args.test_fraction))
+    if test < 1:
+        return f"argument --test-fraction: {args.test_fraction} of {total} samples leaves no test sample"
+    if total - test < ranks:
+        return (f"argument {'--test-fraction' if args.dataset == 'digits' else '--samples'}: {total - test} "
+                f"training samples cannot give each of {ranks} ranks a shard")
     if not is_root():
         return None
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
@@ -171,6 +173,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"batch {config.batch_size}/rank ({config.batch_size * ranks} global), lr {config.lr}"
         f"{' x ' + str(ranks) + ' (linear scaling)' if config.lr_scaling == 'linear' else ''}, "
         f"algorithm {config.algorithm}" + (f"; resumed at step {trainer.step}" if config.resume else ""))
+    if trainer.step >= trainer.total_steps():
+        say(f"nothing to train: the checkpoint is at step {trainer.step} and this run ends at step "
+            f"{trainer.total_steps()}; raise --epochs (or --max-steps) to continue")
+        trainer.close()
+        return 0
     if config.straggler:
         say(f"injected straggler: rank {config.straggler[0]} +{config.straggler[1]:g} ms per step")
     if config.jitter_ms:
@@ -185,7 +192,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         nonlocal bar
         if bar is None:
             bar = tqdm(total=trainer.steps_per_epoch, initial=i - 1, leave=False, unit="step",
-                       desc=f"epoch {trainer.step // trainer.steps_per_epoch + (i < trainer.steps_per_epoch)}")
+                       desc=f"epoch {(trainer.step - 1) // trainer.steps_per_epoch + 1}/{config.epochs}")
         bar.update(1)
 
     def on_epoch(metrics) -> None:
@@ -213,9 +220,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             ratio = s["transfer_ms_p50"] / alone["transfer_ms_p50"] if alone["transfer_ms_p50"] > 0 else float("nan")
             alone["trainer_transfer_ms_p50"] = s["transfer_ms_p50"]
             alone["ratio"] = ratio
-            say(f"\nallreduce of the {trainer.model.grads.nbytes / 1e6:.2f} MB gradient alone: {alone['transfer_ms_p50']:.3f} ms"
-                f" (median of {alone['calls']}, p10-p90 {alone['transfer_ms_p10']:.3f}-{alone['transfer_ms_p90']:.3f});"
-                f" in the trainer: {s['transfer_ms_p50']:.3f} ms; ratio {ratio:.3f}")
+            bare = alone["bare_loop_transfer_ms_p50"]
+            alone["bare_loop_ratio"] = s["transfer_ms_p50"] / bare if bare > 0 else float("nan")
+            say(f"\nallreduce of the {trainer.model.grads.nbytes / 1e6:.2f} MB gradient, transfer (median of"
+                f" {alone['calls']} calls): in the trainer {s['transfer_ms_p50']:.3f} ms; alone back to back"
+                f" {alone['transfer_ms_p50']:.3f} ms (p10-p90 {alone['transfer_ms_p10']:.3f}-"
+                f"{alone['transfer_ms_p90']:.3f}), ratio {ratio:.3f}; in a bare compute-then-average loop"
+                f" {bare:.3f} ms, ratio {alone['bare_loop_ratio']:.3f}")
         payload = {"config": config.as_dict(), "threads_per_rank": threads, "heavy_yield": yield_state,
                    **result, "allreduce_alone": alone}
         if args.json:
@@ -224,8 +235,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.plot:
             report.plot(args.plot, result)
             say(f"wrote {args.plot}")
-    ok = comm.bcast(result["replicas_identical"] if is_root() else None, root=0)
-    return 0 if ok else 1
+    trainer.close()
+    return 0 if result["replicas_identical"] else 1
 
 
 if __name__ == "__main__":

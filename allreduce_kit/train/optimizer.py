@@ -1,30 +1,34 @@
 """SGD with momentum and weight decay on the flat parameter buffer, and the learning-rate schedule."""
 import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def _sgd_update(params, grads, velocity, lr, momentum, weight_decay):  # pragma: no cover (compiled)
+    for i in range(params.size):
+        v = momentum * velocity[i] + (grads[i] + weight_decay * params[i])
+        velocity[i] = v
+        params[i] -= lr * v
 
 
 class SGD:
     """``v = momentum * v + (g + weight_decay * w);  w -= lr * v`` on whole flat buffers.
 
+    One compiled pass over the buffers (numba): it reads each of parameters, gradient and
+    velocity once, where numpy needs five passes and a temporary buffer; for a 5.3M-parameter
+    model that is about 4x faster (docs/training.md) and leaves the caches to the collective.
     Every rank applies it to the same averaged gradient, so the replicas stay bitwise identical.
     """
 
     def __init__(self, size: int, dtype, momentum: float = 0.9, weight_decay: float = 0.0):
+        self.dtype = np.dtype(dtype)
         self.momentum = float(momentum)
         self.weight_decay = float(weight_decay)
-        self.velocity = np.zeros(size, dtype=dtype)
-        self._tmp = np.empty(size, dtype=dtype)
+        self.velocity = np.zeros(size, dtype=self.dtype)
 
     def step(self, params: np.ndarray, grads: np.ndarray, lr: float) -> None:
-        v, tmp = self.velocity, self._tmp
-        if self.weight_decay:
-            np.multiply(params, self.weight_decay, out=tmp)
-            tmp += grads
-        else:
-            tmp[...] = grads
-        v *= self.momentum
-        v += tmp
-        np.multiply(v, lr, out=tmp)
-        params -= tmp
+        scalar = self.dtype.type          # arithmetic in the buffers' dtype
+        _sgd_update(params, grads, self.velocity, scalar(lr), scalar(self.momentum), scalar(self.weight_decay))
 
 
 def learning_rate(base: float, ranks: int, scaling: str, warmup_steps: int, step: int) -> float:

@@ -75,6 +75,7 @@ def analyse(records: np.ndarray, hosts: List[str]) -> Dict:
             "compute_p50_ms": float(compute_p50[r]),
             "compute_p95_ms": float(np.percentile(compute[:, r], 95)),
             "allreduce_p50_ms": float(np.median(allreduce[:, r])),
+            "step_p50_ms": float(np.median(compute[:, r] + allreduce[:, r] + update[:, r])),
             "wait_p50_ms": float(np.median(wait[:, r])),
             "slowest_share": float(np.mean(slowest == r)),
             "score": float(fastest / compute_p50[r]) if compute_p50[r] > 0 else 1.0,

@@ -93,6 +93,10 @@ class Trainer:
         self.buckets = len(bucket_bounds(self.model.size, self.model.dtype.itemsize, config.bucket_mb))
         if config.resume:
             self._resume()
+        # One untimed average first: the first collective pays for loading compiled kernels and
+        # setting up connections, which would otherwise show up as step 1 of epoch 1.
+        average_buffer(self.model.grads.copy(), bucket_mb=config.bucket_mb, comm=self.comm,
+                       algorithm=config.algorithm)
 
     # -- one step ---------------------------------------------------------------------------
     def train_step(self, idx: np.ndarray) -> Tuple[float, int]:
@@ -197,27 +201,47 @@ class Trainer:
         return out
 
     def allreduce_alone(self, calls: int) -> Optional[Dict[str, float]]:
-        """Time ``calls`` gradient averages of the same buffer and buckets outside training.
+        """Time ``calls`` gradient averages of the same buffer and buckets, outside the trainer.
 
-        Each call starts after a barrier; per call, the smallest time over ranks is the transfer
-        (the same estimator as the trainer's). Returns medians on rank 0, None elsewhere.
+        Two loops after training: back to back, each call after a barrier (the collective alone,
+        as a benchmark runs it); and a bare ``compute; average`` loop (this rank's first batch
+        through ``forward_backward``, then ``average_buffer`` on the gradient it wrote, nothing
+        else), which arrives at the collective the way the trainer does but without any of the
+        trainer's code. Per call the smallest time over ranks is the transfer, the trainer's
+        estimator. Call after ``run``: it overwrites the gradient buffer. Medians on rank 0.
         """
+        batch = data.epoch_batches(len(self.data.y_train), self.ranks, self.rank, self.config.batch_size,
+                                   self.config.seed, 0)[0]
+        X, y = self.data.X_train[batch], self.data.y_train[batch]
         buf = self.model.grads.copy()
-        times = np.zeros(calls, dtype=np.float64)
-        for i in range(calls):
+        times = np.zeros((2, calls), dtype=np.float64)
+        for bare in (0, 1):
             self.comm.Barrier()
-            t0 = time.perf_counter()
-            average_buffer(buf, bucket_mb=self.config.bucket_mb, comm=self.comm, algorithm=self.config.algorithm)
-            times[i] = time.perf_counter() - t0
-        every = np.zeros((self.ranks, calls)) if self.rank == 0 else None
+            for i in range(calls):
+                if bare:
+                    self.model.forward_backward(X, y)
+                    target = self.model.grads
+                else:
+                    self.comm.Barrier()
+                    target = buf
+                t0 = time.perf_counter()
+                average_buffer(target, bucket_mb=self.config.bucket_mb, comm=self.comm,
+                               algorithm=self.config.algorithm)
+                times[bare, i] = time.perf_counter() - t0
+        every = np.zeros((self.ranks, 2, calls)) if self.rank == 0 else None
         self.comm.Gather(times, every, root=0)
         if every is None:
             return None
         transfer = every.min(axis=0) * 1e3
-        return {"calls": calls, "transfer_ms_p50": float(np.median(transfer)),
-                "transfer_ms_p10": float(np.percentile(transfer, 10)),
-                "transfer_ms_p90": float(np.percentile(transfer, 90)),
-                "allreduce_ms_p50": float(np.median(every * 1e3))}
+        return {"calls": calls, "transfer_ms_p50": float(np.median(transfer[0])),
+                "transfer_ms_p10": float(np.percentile(transfer[0], 10)),
+                "transfer_ms_p90": float(np.percentile(transfer[0], 90)),
+                "bare_loop_transfer_ms_p50": float(np.median(transfer[1]))}
+
+    def close(self) -> None:
+        """Free the trainer's communicator (collective)."""
+        if self.comm != MPI.COMM_NULL:
+            self.comm.Free()
 
     # -- checkpoints ------------------------------------------------------------------------
     def save_checkpoint(self) -> None:

@@ -1,0 +1,155 @@
+"""The trainer's parts, each alone in one process: model gradients, sharding, schedule, timing
+analysis, checkpoints, bucket splits and the MPICH yield decision (no mpiexec needed)."""
+import os
+
+import numpy as np
+import pytest
+
+from allreduce_kit import yield_env
+from allreduce_kit.params import FlatParameters, bucket_bounds
+from allreduce_kit.train import checkpoint, data
+from allreduce_kit.train.model import MLP
+from allreduce_kit.train.optimizer import SGD, learning_rate
+from allreduce_kit.train.timing import analyse
+
+
+def test_flat_views_share_one_buffer():
+    flat = FlatParameters([(3, 4), (4,), (4, 2), (2,)])
+    views = flat.views(flat.params)
+    views[2][...] = 7
+    assert flat.size == 12 + 4 + 8 + 2
+    assert np.all(flat.params[16:24] == 7) and np.count_nonzero(flat.params) == 8
+    assert all(np.shares_memory(v, flat.params) for v in views)
+
+
+def test_backward_matches_finite_differences():
+    rng = np.random.default_rng(0)
+    model = MLP(5, (7, 6), 4, dtype=np.float64)
+    model.init(rng)
+    model.params += 0.1 * rng.standard_normal(model.size)       # non-zero biases too
+    X, y = rng.standard_normal((9, 5)), rng.integers(0, 4, 9)
+    model.forward_backward(X, y)
+    analytic = model.grads.copy()
+    eps = 1e-6
+    for i in rng.choice(model.size, 40, replace=False):
+        old = model.params[i]
+        model.params[i] = old + eps
+        up, _ = model.forward_backward(X, y)
+        model.params[i] = old - eps
+        down, _ = model.forward_backward(X, y)
+        model.params[i] = old
+        numeric = (up - down) / (2 * eps) / len(y)              # loss sum -> mean
+        assert numeric == pytest.approx(analytic[i], rel=1e-5, abs=1e-8), f"parameter {i}"
+
+
+@pytest.mark.parametrize("samples,ranks,batch", [(1438, 8, 32), (100, 3, 7), (10, 4, 32), (97, 1, 10)])
+def test_shards_disjoint_equal_and_interleave_into_the_global_batch(samples, ranks, batch):
+    shards = [data.epoch_batches(samples, ranks, r, batch, seed=1, epoch=2) for r in range(ranks)]
+    steps = data.steps_per_epoch(samples, ranks, batch)
+    assert all(len(s) == steps for s in shards)                            # nobody waits at the end
+    for t in range(steps):
+        assert len({len(s[t]) for s in shards}) == 1                       # equal batch sizes
+    flat = np.concatenate([np.concatenate(s) for s in shards])
+    assert len(flat) == samples - samples % ranks == len(set(flat.tolist()))  # disjoint, remainder < p
+    single = data.epoch_batches(samples - samples % ranks, 1, 0, batch * ranks, seed=1, epoch=2)
+    order = np.random.default_rng([1, 3, 2]).permutation(samples)
+    for t in range(steps - 1):                                             # union of step t == 1-rank batch t
+        union = sorted(np.concatenate([s[t] for s in shards]).tolist())
+        assert union == sorted(order[t * batch * ranks:(t + 1) * batch * ranks].tolist())
+    assert len(single) >= steps - 1
+
+
+def test_shuffles_differ_between_epochs_but_not_between_ranks():
+    a = data.epoch_batches(100, 2, 0, 10, seed=0, epoch=0)
+    b = data.epoch_batches(100, 2, 0, 10, seed=0, epoch=1)
+    assert not np.array_equal(np.concatenate(a), np.concatenate(b))
+    assert np.array_equal(np.concatenate(a), np.concatenate(data.epoch_batches(100, 2, 0, 10, seed=0, epoch=0)))
+
+
+def test_synthetic_is_reproducible_and_learnable_shape():
+    one = data.synthetic(200, 12, 5, seed=3)
+    two = data.synthetic(200, 12, 5, seed=3)
+    assert np.array_equal(one.X_train, two.X_train) and np.array_equal(one.y_test, two.y_test)
+    assert one.features == 12 and len(one.y_train) + len(one.y_test) == 200
+    assert len(np.unique(one.y_train)) >= 3
+
+
+def test_digits_split_is_held_out():
+    d = data.digits(0.2, seed=0)
+    assert len(d.y_train) + len(d.y_test) == 1797 and len(d.y_test) == 359
+    assert d.X_train.max() <= 1.0
+
+
+def test_linear_scaling_warms_up_from_base_to_p_times_base():
+    assert learning_rate(0.1, 8, "linear", 10, 0) == pytest.approx(0.1)
+    assert learning_rate(0.1, 8, "linear", 10, 5) == pytest.approx(0.45)
+    assert learning_rate(0.1, 8, "linear", 10, 10) == pytest.approx(0.8)
+    assert learning_rate(0.1, 8, "linear", 0, 0) == pytest.approx(0.8)
+    assert learning_rate(0.1, 8, "none", 10, 3) == pytest.approx(0.1)
+
+
+def test_sgd_momentum_and_weight_decay():
+    opt = SGD(2, np.float64, momentum=0.5, weight_decay=0.1)
+    w, g = np.array([1.0, -2.0]), np.array([0.5, 0.5])
+    opt.step(w, g, lr=1.0)          # v = g + 0.1 w
+    assert np.allclose(w, [1.0 - 0.6, -2.0 - 0.3])
+    opt.step(w, np.zeros(2), lr=1.0)  # v = 0.5 v + 0.1 w
+    assert np.allclose(opt.velocity, [0.5 * 0.6 + 0.04, 0.5 * 0.3 - 0.23])
+
+
+def test_analysis_names_the_late_rank_and_its_waits():
+    steps, ranks = 20, 4
+    rec = np.zeros((steps, ranks, 3))
+    rec[..., 0] = 0.010                 # compute 10 ms
+    rec[:, 2, 0] = 0.030                # rank 2 computes 20 ms longer
+    rec[..., 1] = 0.002 + 0.020         # the others wait 20 ms on top of a 2 ms transfer
+    rec[:, 2, 1] = 0.002
+    rec[..., 2] = 0.001
+    s = analyse(rec, ["a", "a", "b", "b"])
+    assert s["slowest_rank"] == 2
+    assert [r["slowest_share"] for r in s["ranks"]] == [0, 0, 1, 0]
+    assert s["ranks"][2]["wait_p50_ms"] == pytest.approx(0) and s["ranks"][0]["wait_p50_ms"] == pytest.approx(20)
+    assert s["transfer_ms_p50"] == pytest.approx(2) and s["slowest_compute_ms_p50"] == pytest.approx(30)
+    assert s["step_ms_p50"] == pytest.approx(33)
+    assert s["ranks"][2]["score"] == pytest.approx(1 / 3) and s["ranks"][0]["score"] == pytest.approx(1)
+    assert s["wait_share"] == pytest.approx(3 * 20 / (3 * 33 + 33))
+    assert s["ranks"][2]["host"] == "b"
+
+
+def test_checkpoint_roundtrip_leaves_no_temporary_file(tmp_path):
+    params = np.arange(10, dtype=np.float32)
+    checkpoint.save(str(tmp_path), {"params": params, "velocity": -params}, {"step": 7, "states": [{"a": 1}]})
+    checkpoint.save(str(tmp_path), {"params": params + 1, "velocity": -params}, {"step": 9, "states": []})
+    arrays, meta = checkpoint.load(str(tmp_path))
+    assert os.listdir(tmp_path) == [checkpoint.FILENAME]
+    assert meta["step"] == 9 and np.array_equal(arrays["params"], params + 1)
+
+
+def test_failed_write_keeps_the_previous_checkpoint(tmp_path):
+    checkpoint.save(str(tmp_path), {"params": np.ones(3)}, {"step": 1})
+    with pytest.raises(Exception):
+        checkpoint.save(str(tmp_path), {"params": np.ones(3)}, {"step": object()})   # not JSON
+    arrays, meta = checkpoint.load(str(tmp_path))
+    assert meta["step"] == 1 and os.listdir(tmp_path) == [checkpoint.FILENAME]
+
+
+@pytest.mark.parametrize("count,mb,expected", [(10, 0, [(0, 10)]), (10, 16e-6, [(0, 4), (4, 8), (8, 10)]),
+                                               (0, 1, []), (3, 1e-9, [(0, 1), (1, 2), (2, 3)])])
+def test_bucket_bounds(count, mb, expected):
+    assert bucket_bounds(count, 4, mb) == expected
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({"MPI_LOCALNRANKS": "100000"}, True),
+    ({"MPI_LOCALNRANKS": "1"}, False),
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "100000"}, True),
+    ({"SLURM_TASKS_PER_NODE": "100000(x2)"}, True),
+    ({}, False),                                                      # not launched by a known launcher
+    ({"MPI_LOCALNRANKS": "100000", "MPIR_CVAR_ENABLE_HEAVY_YIELD": "0"}, False),   # the user decides
+    ({"MPI_LOCALNRANKS": "100000", "ALLREDUCE_KIT_YIELD": "0"}, False),
+])
+def test_heavy_yield_only_when_oversubscribed_and_unset(env, expected):
+    env = dict(env)
+    user = env.get(yield_env.VARIABLE)
+    assert yield_env.enable_heavy_yield(env) is expected
+    assert env.get(yield_env.VARIABLE) == ("1" if expected else user)
