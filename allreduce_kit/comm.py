@@ -58,10 +58,14 @@ def library_comm(comm: Optional[MPI.Intracomm] = None) -> LibraryComm:
     Collective the first time it is called for a communicator (it calls ``Clone``); after that
     it is a local lookup. The clone is freed when ``comm`` is freed.
     """
-    if comm is None:  # the default: found without an attribute lookup after the first call
+    if comm is None or comm is MPI.COMM_WORLD:  # found without an attribute lookup after the first call
         if not _world:
-            _world.append(library_comm(MPI.COMM_WORLD))
+            _world.append(_clone_of(MPI.COMM_WORLD))
         return _world[0]
+    return _clone_of(comm)
+
+
+def _clone_of(comm: MPI.Intracomm) -> LibraryComm:
     lib = comm.Get_attr(_KEYVAL)
     if lib is None:
         if comm.Is_inter():

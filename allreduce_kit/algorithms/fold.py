@@ -39,7 +39,10 @@ def plan(p: int, rank: int) -> Fold:
 
 
 def fold_in(comm, buf, op, fold: Fold) -> None:
-    """Before: the even ranks below ``2 rem`` hand their buffers to the odd rank above."""
+    """Before: the even ranks below ``2 rem`` hand their buffers to the odd rank above.
+
+    Callers may skip the call when ``fold.rem`` is 0 (a power of two: nothing to fold).
+    """
     if fold.rank >= 2 * fold.rem:
         return
     if fold.newrank < 0:

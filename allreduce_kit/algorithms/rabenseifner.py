@@ -28,7 +28,8 @@ def _bounds(n: int, pof2: int) -> tuple:
 @register("rabenseifner")
 def allreduce(comm, buf, op):
     fold = plan(comm.nranks, comm.myrank)
-    fold_in(comm, buf, op, fold)
+    if fold.rem:
+        fold_in(comm, buf, op, fold)
     me = fold.newrank
     if me >= 0:
         pof2 = fold.pof2
@@ -58,4 +59,5 @@ def allreduce(comm, buf, op):
             lo = min(lo, other)
             mask <<= 1
             hi = lo + mask
-    fold_out(comm, buf, fold)
+    if fold.rem:
+        fold_out(comm, buf, fold)

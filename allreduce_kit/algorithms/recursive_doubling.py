@@ -16,7 +16,8 @@ TAG = 104
 @register("recursive_doubling")
 def allreduce(comm, buf, op):
     fold = plan(comm.nranks, comm.myrank)
-    fold_in(comm, buf, op, fold)
+    if fold.rem:
+        fold_in(comm, buf, op, fold)
     if fold.newrank >= 0:
         incoming = comm.scratch(buf.size, buf.dtype)
         mask, pof2 = 1, fold.pof2
@@ -25,4 +26,5 @@ def allreduce(comm, buf, op):
             comm.Sendrecv(buf, partner, TAG, incoming, partner, TAG)
             mask <<= 1
             op.combine(buf, incoming, last=(mask == pof2))
-    fold_out(comm, buf, fold)
+    if fold.rem:
+        fold_out(comm, buf, fold)

@@ -10,6 +10,7 @@ of median times to MPI's, per size.
   python -m allreduce_kit.bench --fit p2.json p4.json p8.json  # fit alpha, beta, gamma
 """
 import json
+import os
 import re
 import socket
 import sys
@@ -28,7 +29,7 @@ from . import fit as cost
 from . import output
 from .plot import have_matplotlib, plot
 from .sweep import available, ratios, sweep
-from .timing import BATCH_BYTES, MAX_BATCH
+from .timing import MAX_BATCH, SAMPLE_SECONDS
 from .tune import crossovers
 
 PROG = "python -m allreduce_kit.bench"
@@ -74,7 +75,8 @@ def build_parser() -> RankZeroParser:
     parser.add_argument("-a", "--algorithms", default="all",
                         help="comma-separated names, or 'all' (every registered algorithm, auto and mpi)")
     parser.add_argument("--batch", type=int, default=0,
-                        help=f"calls per timed sample; 0: {BATCH_BYTES >> 10} KiB / size, between 1 and {MAX_BATCH}")
+                        help=f"calls per timed sample; 0: as many as the warm-up says fit in {SAMPLE_SECONDS * 1e3:g} ms "
+                             f"(1 to {MAX_BATCH})")
     parser.add_argument("--kernel", default="numba", choices=("numba", "numpy"),
                         help="do the reduction step with the numba kernels or plain numpy")
     parser.add_argument("--json", metavar="PATH", help="write the preamble, every row and the ratios as JSON")
@@ -103,6 +105,8 @@ def check_args(parser: RankZeroParser, args) -> None:
         parser.error(f"-n/--iters must be at least 1, got {args.iters}")
     if args.warmup_iters < 0:
         parser.error(f"-w/--warmup_iters must be at least 0, got {args.warmup_iters}")
+    if args.warmup_iters < 1 and not args.batch:
+        parser.error("-w/--warmup_iters 0 needs a fixed --batch (the warm-up sets the batch otherwise)")
     if args.batch < 0:
         parser.error(f"--batch must be 0 (automatic) or positive, got {args.batch}")
     names = available()
@@ -117,8 +121,6 @@ def check_args(parser: RankZeroParser, args) -> None:
         args.names = list(dict.fromkeys(args.names))
     if args.plot and not have_matplotlib():
         parser.error("--plot needs matplotlib: pip install 'allreduce_kit[plot]'")
-    if args.fit and args.tune:
-        parser.error("--fit with files only reads them; --tune measures: use one at a time")
 
 
 def agree(comm: MPI.Intracomm, problem: Optional[str]) -> None:
@@ -162,12 +164,16 @@ def report_fit(rows: List[dict], args) -> dict:
             print(f"#   p = {p} alone: " + cost.describe(per_p[p]))
         except ValueError:
             pass
-    print("#\n# predicted (joint fit) beside measured, median time per call:")
-    for line in cost.comparison(params, rows):
-        print(line)
+    print("#\n# predicted beside measured, median time per call (each rank count's own fit; "
+          "--json also has the joint fit's):")
+    for p in sorted(per_p):
+        for line in cost.comparison(per_p[p], [r for r in rows if r["ranks"] == p])[(0 if p == min(per_p) else 1):]:
+            print(line)
     result = {"fit": params, "fit_per_ranks": {str(p): v for p, v in per_p.items()},
               "predicted": [dict(ranks=r["ranks"], size=r["size"], algorithm=r["algorithm"], measured_us=r["time_us"],
-                                 predicted_us=cost.predict(params, r["algorithm"], r["ranks"], r["size"]) * 1e6)
+                                 predicted_us=cost.predict(per_p.get(r["ranks"], params), r["algorithm"], r["ranks"],
+                                                           r["size"]) * 1e6,
+                                 predicted_joint_us=cost.predict(params, r["algorithm"], r["ranks"], r["size"]) * 1e6)
                             for r in rows if r["algorithm"] in cost.MODELLED]}
     if args.json and args.fit:
         write_json(args.json, result)
@@ -183,7 +189,7 @@ def preamble(comm: MPI.Intracomm, args, threads: int, auto_source: str) -> dict:
         "ranks": p, "hosts": hosts, "numba_threads_per_rank": threads, "kernel": args.kernel,
         "dtype": args.datatype, "op": args.op, "min_bytes": args.low, "max_bytes": args.high,
         "step_factor": args.stepfactor, "warmup": args.warmup_iters, "samples": args.iters,
-        "batch": args.batch or f"auto: {BATCH_BYTES} B / size, 1..{MAX_BATCH}", "algorithms": args.names,
+        "batch": args.batch or f"auto: calls fitting in {SAMPLE_SECONDS * 1e3:g} ms at warm-up pace, 1..{MAX_BATCH}", "algorithms": args.names,
         "auto_table": auto_source,
         "timing": "per sample: restore input (untimed), barrier, then batch back-to-back calls; time per call = "
                   "slowest rank's; median, min and max over samples",
@@ -193,7 +199,7 @@ def preamble(comm: MPI.Intracomm, args, threads: int, auto_source: str) -> dict:
     say(f"# dtype {args.datatype}, op {args.op}, {human(args.low)} to {human(args.high)} x{args.stepfactor}; "
         f"reduction kernels: {args.kernel}, {threads} thread(s) per rank")
     say(f"# {args.warmup_iters} warm-up calls, then {args.iters} timed samples per row; a sample is a barrier and "
-        f"then {'%d calls' % args.batch if args.batch else f'{BATCH_BYTES >> 10} KiB / size calls (1..{MAX_BATCH})'}"
+        f"then {'%d calls' % args.batch if args.batch else f'as many calls as fit in {SAMPLE_SECONDS * 1e3:g} ms at the warm-up pace (1..{MAX_BATCH}; --json has each)'}"
         f" back to back")
     say("# time = the slowest rank's time per call: median, min and max over samples. algbw = size / time, "
         "busbw = algbw * 2(p-1)/p")
@@ -216,10 +222,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     check_args(parser, args)
     problem = None
     if comm.Get_rank() == 0:
+        for flag in ("json", "csv", "plot"):  # fail now, not after an hour of measuring
+            path = getattr(args, flag)
+            if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+                problem = f"--{flag}: the folder of {path} does not exist"
         try:  # a bad tuning file named by the environment is an input error, not a crash
             selection.load()
         except ValueError as error:
-            problem = f"auto: {error}"
+            problem = problem or f"auto: {error}"
     agree(comm, problem)
 
     dtype = np.dtype(args.datatype)

@@ -12,7 +12,7 @@ from ..collective import allreduce
 from ..comm import library_comm
 from ..reduction import reduction
 from .. import selection
-from .timing import calls_per_sample, time_calls
+from .timing import time_calls
 
 
 @dataclass
@@ -80,7 +80,6 @@ def sweep(comm: MPI.Intracomm, sizes: Sequence[int], dtype: np.dtype, op: str, a
         expected = reference(lib, x, op)
         buf = np.empty_like(x)
         restore = lambda: np.copyto(buf, x)  # noqa: E731
-        calls = calls_per_sample(size, batch)
         timed, wrong = {}, {}
         for name in algorithms:
             call = timed[name] = make_call(name, buf, op, comm)
@@ -88,14 +87,14 @@ def sweep(comm: MPI.Intracomm, sizes: Sequence[int], dtype: np.dtype, op: str, a
             call()  # the first call compiles or loads kernels and allocates scratch: untimed
             wrong[name] = int(np.count_nonzero(buf != expected))
         wrong = dict(zip(algorithms, comm.allreduce(np.array([wrong[n] for n in algorithms]), op=MPI.SUM).tolist()))
-        times = time_calls(timed, restore, comm, samples, warmup, calls)
+        times, batches = time_calls(timed, restore, comm, samples, warmup, batch)
         for name in algorithms:
             t = times[name] * 1e6
             median = float(np.median(t))
             algbw = size / median / 1e3 if median > 0 else 0.0
             chosen = selection.choose_for(lib, size) if name == "auto" else name
             row = Row(size, count, dtype.name, op, name, chosen, p, median, float(t.min()), float(t.max()),
-                      algbw, algbw * 2 * (p - 1) / p, wrong[name], samples, calls)
+                      algbw, algbw * 2 * (p - 1) / p, wrong[name], samples, batches[name])
             rows.append(row)
             if on_row:
                 on_row(row)
