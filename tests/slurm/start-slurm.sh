@@ -2,7 +2,7 @@
 # Start a real, single-machine Slurm for the test suite: munged, slurmctld and slurmd (or
 # several slurmd, one per simulated node), started by hand because CI machines have no systemd.
 #
-#   sudo tests/slurm/start-slurm.sh          # prints the line to export, then waits for idle
+#   sudo tests/slurm/start-slurm.sh          # waits until the nodes are idle, prints the export line
 #   export SLURM_CONF=/tmp/allreduce_kit-slurm/slurm.conf
 #   sbatch --wait jobs/train.sbatch
 #   sudo tests/slurm/stop-slurm.sh
