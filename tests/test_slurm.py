@@ -155,10 +155,12 @@ def submit(cluster: Cluster, cwd: Path, script: str, options: List[str], launche
                slurm_out=slurm_log(cwd, job_id))
 
 
-def check_training(job: Job, launcher: str, hosts: int = 1) -> None:
+def check_training(job: Job, launcher: str, hosts: int = 1, cpus: int = 1) -> None:
     run = job.expect_success("train")
     out = job.slurm_out
-    assert f"launcher: {launcher}" in out
+    assert f"{job.tasks} tasks, {cpus} CPU(s) per task; launcher: {launcher}" in out, out
+    # --cpus-per-task reaches every rank as its thread count (OMP_NUM_THREADS, NUMBA_NUM_THREADS)
+    assert f"{cpus} thread(s) per rank" in out, out
     assert re.search(r"test accuracy [\d.]+% after \d+ steps", out), out          # the training summary
     assert f"replicas bitwise identical on all {job.tasks} ranks: yes" in out, out
     assert "straggler report over" in out, out                                      # the straggler report
@@ -169,6 +171,7 @@ def check_training(job: Job, launcher: str, hosts: int = 1) -> None:
     assert len(results["straggler"]["ranks"]) == job.tasks
     assert len({row["host"] for row in results["straggler"]["ranks"]}) == hosts
     assert 0 <= results["test_accuracy"] <= 1
+    assert results["threads_per_rank"] == cpus
     assert (run / "steps.png").stat().st_size > 0
 
 
@@ -178,15 +181,17 @@ def test_train_at_8_tasks_with_srun(slurm_cluster, tmp_path):
 
 
 def test_train_at_4_tasks_with_mpiexec(slurm_cluster, tmp_path):
-    check_training(submit(slurm_cluster, tmp_path, "train.sbatch", ["--ntasks-per-node=4"], "mpiexec", 4,
-                          TRAIN_ARGS), "mpiexec")
+    """Also with 2 CPUs per task: every rank must use 2 threads, not the node's 8."""
+    check_training(submit(slurm_cluster, tmp_path, "train.sbatch", ["--ntasks-per-node=4", "--cpus-per-task=2"],
+                          "mpiexec", 4, TRAIN_ARGS), "mpiexec", cpus=2)
 
 
 def test_train_across_two_nodes(slurm_cluster, tmp_path):
     """train-multinode.sbatch: ranks on both nodes, which MPI sees as two hosts (one rank each:
     the rank counts are covered above, and every rank costs seconds of start-up on 2 cores)."""
-    job = submit(slurm_cluster, tmp_path, "train-multinode.sbatch", ["--ntasks-per-node=1"], "srun", 2, TRAIN_ARGS)
-    check_training(job, "srun", hosts=2)
+    job = submit(slurm_cluster, tmp_path, "train-multinode.sbatch", ["--ntasks-per-node=1", "--cpus-per-task=2"],
+                 "srun", 2, TRAIN_ARGS)
+    check_training(job, "srun", hosts=2, cpus=2)
     assert "on 2 node(s)" in job.slurm_out
 
 
