@@ -22,6 +22,7 @@ from mpi4py import MPI
 from .. import kernels, selection
 from ..cli import RankZeroParser, say, write_json
 from ..comm import library_comm
+from ..launch import check_launch
 from ..reduction import OPS, use_kernels
 from ..threads import limit_threads
 from . import fit as cost
@@ -213,6 +214,7 @@ def preamble(comm: MPI.Intracomm, args, threads: int, auto_source: str) -> dict:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    check_launch(prog="python -m allreduce_kit.bench")  # N unconnected copies (srun --mpi=none) stop here
     comm = MPI.COMM_WORLD
     parser = build_parser()
     args = parser.parse_args(argv)
