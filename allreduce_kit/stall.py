@@ -2,10 +2,12 @@
 
 In synchronous training one rank that never arrives stops everyone, silently. Here every rank
 runs a watchdog thread. A collective records which call it is (a per-communicator sequence
-number) and when it started; if it has not finished after ``timeout`` seconds, the watchdog
+number); the watchdog notes when it first saw that call in progress, and if it has not
+finished after ``timeout`` seconds, the watchdog
 asks every rank's watchdog, over a communicator of its own, which call that rank has reached,
 prints the ranks that have not arrived (Horovod's "missing ranks" report) and calls
-``MPI.COMM_WORLD.Abort``. The cost on the calling path is two attribute writes per call.
+``MPI.COMM_WORLD.Abort``. The cost on the calling path is a counter increment and one tuple
+per call; the watchdog thread, not the caller, reads the clock.
 
 The timeout comes from ``allreduce(..., stall_timeout=S)``, else ``set_stall_timeout(S)``, else
 ``ALLREDUCE_KIT_STALL_TIMEOUT`` (seconds; default 60; 0 turns the inspector off).
@@ -134,27 +136,35 @@ class Inspector:
             self.watches.clear()
 
     def enter(self, watch: Watch, timeout: float, algorithm: str, buf: np.ndarray) -> None:
-        """A collective starts on ``watch``'s communicator (call this, then ``leave`` in finally)."""
+        """A collective starts on ``watch``'s communicator (call this, then ``leave`` in finally).
+
+        Kept to a counter and one fresh tuple: the watchdog, not the caller, reads the clock.
+        """
         watch.calls += 1
-        self.current = (watch, time.monotonic(), timeout, algorithm, buf)
+        self.current = (watch, timeout, algorithm, buf)
 
     def leave(self) -> None:
         self.current = None
 
     def _run(self) -> None:
+        seen, seen_at = None, 0.0  # the call in progress at the last look, and since when
         while not self.stopping.wait(0.25):
             with self.lock:
                 for watch in self.watches:
                     watch.answer_queries()
             current = self.current
-            if current is not None:
-                watch, started, timeout, algorithm, buf = current
-                waited = time.monotonic() - started
-                if timeout > 0 and waited > timeout * (1 + len(self.slow_reported)) and self.current is current:
-                    what = f"allreduce(algorithm={algorithm!r}, {buf.size} x {buf.dtype})"
-                    self._report(watch, watch.calls, waited, what)
-            else:
+            if current is None:
                 self.slow_reported.clear()
+                continue
+            if current is not seen:
+                seen, seen_at = current, time.monotonic()
+                self.slow_reported.clear()
+                continue
+            watch, timeout, algorithm, buf = current
+            waited = time.monotonic() - seen_at
+            if timeout > 0 and waited > timeout * (1 + len(self.slow_reported)):
+                what = f"allreduce(algorithm={algorithm!r}, {buf.size} x {buf.dtype})"
+                self._report(watch, watch.calls, waited, what)
 
     def _report(self, watch: Watch, call: int, waited: float, what: str) -> None:
         """Abort, naming the ranks that have not arrived; if all have, the transfer is only slow."""
