@@ -68,8 +68,9 @@ def test_resume_reaches_the_same_parameters_as_an_uninterrupted_run(mpirun, tmp_
     common = TRAIN + SMALL + ["--epochs", "2", "--progress", "lines", "--jitter-ms", "1"]
     whole = _ok(mpirun(2, common + ["--json", tmp_path / "whole.json"], timeout=120))
     ckpt = tmp_path / "ckpt"
-    _ok(mpirun(2, common + ["--max-steps", "60", "--checkpoint-dir", ckpt, "--checkpoint-every", "25"], timeout=120))
-    assert os.listdir(ckpt) == ["checkpoint.npz"]
+    _ok(mpirun(2, common + ["--max-steps", "60", "--checkpoint-dir", ckpt, "--checkpoint-every", "25",
+                            "--keep-checkpoints", "2"], timeout=120))
+    assert sorted(os.listdir(ckpt)) == ["checkpoint-000000050.npz", "checkpoint-000000060.npz"]
     resumed = _ok(mpirun(2, common + ["--checkpoint-dir", ckpt, "--resume", "--json", tmp_path / "resumed.json"],
                          timeout=120))
     assert "resumed at step 60" in resumed.stdout
