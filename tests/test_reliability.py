@@ -102,6 +102,8 @@ def test_a_killed_rank_ends_the_job_and_resume_matches_an_unbroken_run(mpirun, t
         if job.poll() is None:
             job.kill()
             job.communicate()
+    print(f"job ended {ended - killed:.2f} s after SIGKILL of rank 1, exit status {job.returncode}; "
+          f"mpiexec said: {err.strip().splitlines()[-1:] if err.strip() else '(nothing)'}")
     assert job.returncode != 0
     assert ended - killed < 20, f"the job ended {ended - killed:.1f} s after rank 1 was killed"
     assert "test accuracy" not in out
