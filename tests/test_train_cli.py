@@ -106,8 +106,10 @@ def test_help_lists_every_option_with_its_default():
     for option in ("--epochs", "--batch-size", "--lr", "--hidden", "--dataset", "--algorithm", "--seed",
                    "--bucket-mb", "--lr-scaling", "--warmup-epochs", "--straggler", "--jitter-ms", "--json",
                    "--plot", "--checkpoint-dir", "--checkpoint-every", "--resume", "--samples", "--features",
-                   "--classes", "--momentum", "--weight-decay", "--gather-every"):
+                   "--classes", "--momentum", "--weight-decay", "--gather-every",
+                   "--stall-timeout", "--keep-checkpoints", "--on-nonfinite", "--inject-nan"):
         assert option in text, option
+    assert "(0: off) (default: 60.0)" in text and "(default: abort)" in text
     assert "(default: 40)" in text and "(default: auto)" in text and "(default: digits)" in text
 
 
