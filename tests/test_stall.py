@@ -40,8 +40,8 @@ def test_a_late_rank_is_named_and_the_job_ends_soon_after_the_timeout(mpirun, sc
 
 
 def test_a_rank_late_by_less_than_the_timeout_is_only_waited_for(mpirun, script):
-    result = mpirun(3, [script, 1, 1.5], timeout=60, via_mpi4py=False,
-                    env={"ALLREDUCE_KIT_STALL_TIMEOUT": "6"})
+    result = mpirun(3, [script, 1, 1.5], timeout=90, via_mpi4py=False,
+                    env={"ALLREDUCE_KIT_STALL_TIMEOUT": "30"})  # generous: a loaded machine is slow too
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("finished on rank") == 3
     assert "stall" not in result.stderr

@@ -12,6 +12,7 @@ from mpi4py import MPI
 from .. import set_stall_timeout, yield_env
 from ..algorithms import ALGORITHMS
 from ..cli import RankZeroParser, is_root, say, write_json
+from ..launch import check_launch
 from ..threads import limit_threads
 from . import report
 from .trainer import Config, NonFiniteError, ResumeError, Trainer
@@ -206,6 +207,7 @@ def config_from(args) -> Config:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    check_launch(prog="python -m allreduce_kit.train")  # N unconnected copies (srun --mpi=none) stop here
     parser = build_parser()
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD

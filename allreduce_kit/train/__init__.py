@@ -1,0 +1,1 @@
+"""Synchronous data-parallel SGD: ``python -m allreduce_kit.train`` (see docs/training.md)."""
