@@ -68,8 +68,9 @@ def test_resume_reaches_the_same_parameters_as_an_uninterrupted_run(mpirun, tmp_
     common = TRAIN + SMALL + ["--epochs", "2", "--progress", "lines", "--jitter-ms", "1"]
     whole = _ok(mpirun(2, common + ["--json", tmp_path / "whole.json"], timeout=120))
     ckpt = tmp_path / "ckpt"
-    _ok(mpirun(2, common + ["--max-steps", "60", "--checkpoint-dir", ckpt, "--checkpoint-every", "25"], timeout=120))
-    assert os.listdir(ckpt) == ["checkpoint.npz"]
+    _ok(mpirun(2, common + ["--max-steps", "60", "--checkpoint-dir", ckpt, "--checkpoint-every", "25",
+                            "--keep-checkpoints", "2"], timeout=120))
+    assert sorted(os.listdir(ckpt)) == ["checkpoint-000000050.npz", "checkpoint-000000060.npz"]
     resumed = _ok(mpirun(2, common + ["--checkpoint-dir", ckpt, "--resume", "--json", tmp_path / "resumed.json"],
                          timeout=120))
     assert "resumed at step 60" in resumed.stdout
@@ -105,8 +106,10 @@ def test_help_lists_every_option_with_its_default():
     for option in ("--epochs", "--batch-size", "--lr", "--hidden", "--dataset", "--algorithm", "--seed",
                    "--bucket-mb", "--lr-scaling", "--warmup-epochs", "--straggler", "--jitter-ms", "--json",
                    "--plot", "--checkpoint-dir", "--checkpoint-every", "--resume", "--samples", "--features",
-                   "--classes", "--momentum", "--weight-decay", "--gather-every"):
+                   "--classes", "--momentum", "--weight-decay", "--gather-every",
+                   "--stall-timeout", "--keep-checkpoints", "--on-nonfinite", "--inject-nan"):
         assert option in text, option
+    assert "(0: off) (default: 60.0)" in text and "(default: abort)" in text
     assert "(default: 40)" in text and "(default: auto)" in text and "(default: digits)" in text
 
 

@@ -118,19 +118,19 @@ def test_analysis_names_the_late_rank_and_its_waits():
 
 def test_checkpoint_roundtrip_leaves_no_temporary_file(tmp_path):
     params = np.arange(10, dtype=np.float32)
-    checkpoint.save(str(tmp_path), {"params": params, "velocity": -params}, {"step": 7, "states": [{"a": 1}]})
-    checkpoint.save(str(tmp_path), {"params": params + 1, "velocity": -params}, {"step": 9, "states": []})
-    arrays, meta = checkpoint.load(str(tmp_path))
-    assert os.listdir(tmp_path) == [checkpoint.FILENAME]
+    checkpoint.save(str(tmp_path), 7, {"params": params, "velocity": -params}, {"states": [{"a": 1}]}, keep=1)
+    checkpoint.save(str(tmp_path), 9, {"params": params + 1, "velocity": -params}, {"states": []}, keep=1)
+    arrays, meta = checkpoint.load(checkpoint.latest(str(tmp_path)))
+    assert os.listdir(tmp_path) == [checkpoint.name_for(9)]
     assert meta["step"] == 9 and np.array_equal(arrays["params"], params + 1)
 
 
 def test_failed_write_keeps_the_previous_checkpoint(tmp_path):
-    checkpoint.save(str(tmp_path), {"params": np.ones(3)}, {"step": 1})
+    checkpoint.save(str(tmp_path), 1, {"params": np.ones(3)}, {})
     with pytest.raises(Exception):
-        checkpoint.save(str(tmp_path), {"params": np.ones(3)}, {"step": object()})   # not JSON
-    arrays, meta = checkpoint.load(str(tmp_path))
-    assert meta["step"] == 1 and os.listdir(tmp_path) == [checkpoint.FILENAME]
+        checkpoint.save(str(tmp_path), 2, {"params": np.ones(3)}, {"bad": object()})   # not JSON
+    arrays, meta = checkpoint.load(checkpoint.latest(str(tmp_path)))
+    assert meta["step"] == 1 and os.listdir(tmp_path) == [checkpoint.name_for(1)]
 
 
 @pytest.mark.parametrize("count,mb,expected", [(10, 0, [(0, 10)]), (10, 16e-6, [(0, 4), (4, 8), (8, 10)]),

@@ -19,7 +19,7 @@ from typing import List, Optional
 import numpy as np
 from mpi4py import MPI
 
-from .. import kernels, selection
+from .. import kernels, selection, set_stall_timeout
 from ..cli import RankZeroParser, say, write_json
 from ..comm import library_comm
 from ..launch import check_launch
@@ -90,6 +90,9 @@ def build_parser() -> RankZeroParser:
     parser.add_argument("--fit", metavar="JSON", nargs="*",
                         help="fit the alpha-beta-gamma model by least squares: to this run's rows, or, given "
                              "files written by --json, to theirs (no measuring then)")
+    parser.add_argument("--stall-timeout", type=float, default=60.0, metavar="SECONDS",
+                        help="a call still waiting after this long names the ranks that have not arrived and "
+                             "aborts the job (0: off; docs/reliability.md)")
     return parser
 
 
@@ -111,6 +114,8 @@ def check_args(parser: RankZeroParser, args) -> None:
         parser.error("-w/--warmup_iters 0 needs a fixed --batch (the warm-up sets the batch otherwise)")
     if args.batch < 0:
         parser.error(f"--batch must be 0 (automatic) or positive, got {args.batch}")
+    if not args.stall_timeout >= 0:
+        parser.error(f"--stall-timeout must be >= 0 seconds (0: off), got {args.stall_timeout}")
     names = available()
     if args.algorithms == "all":
         args.names = [n for n in names if not (args.tune and n == "auto")]
@@ -235,6 +240,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         except ValueError as error:
             problem = problem or f"auto: {error}"
     agree(comm, problem)
+    set_stall_timeout(args.stall_timeout)
 
     dtype = np.dtype(args.datatype)
     sizes = message_sizes(args.low, args.high, args.stepfactor, dtype.itemsize)

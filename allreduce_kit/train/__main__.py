@@ -9,13 +9,13 @@ from typing import List, Optional
 
 from mpi4py import MPI
 
-from .. import yield_env
+from .. import set_stall_timeout, yield_env
 from ..algorithms import ALGORITHMS
 from ..cli import RankZeroParser, is_root, say, write_json
 from ..launch import check_launch
 from ..threads import limit_threads
 from . import report
-from .trainer import Config, ResumeError, Trainer
+from .trainer import Config, NonFiniteError, ResumeError, Trainer
 
 DEFAULTS = Config()
 
@@ -104,11 +104,72 @@ def build_parser() -> RankZeroParser:
     g.add_argument("--plot", metavar="PATH.png", default=None,
                    help="draw per-rank compute/transfer/wait bars and the step-time timeline (needs matplotlib)")
     g = p.add_argument_group("checkpoints")
-    g.add_argument("--checkpoint-dir", metavar="DIR", default=None, help="where rank 0 writes checkpoint.npz")
+    g.add_argument("--checkpoint-dir", metavar="DIR", default=None, help="where rank 0 writes checkpoint-STEP.npz files")
     g.add_argument("--checkpoint-every", type=_at_least(0), default=d.checkpoint_every, metavar="N",
                    help="save every N steps (0: only at the end), atomically")
-    g.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.npz")
+    g.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in DIR")
+    add_reliability_options(p)
     return p
+
+
+# -- reliability (issue 6): options and their checks, kept together -----------------------------
+def _rank_step(text: str):
+    rank, sep, step = text.partition(":")
+    try:
+        value = (int(rank), int(step))
+    except ValueError:
+        value = None
+    if not sep or value is None or value[0] < 0 or value[1] < 1:
+        raise argparse.ArgumentTypeError(f"expected RANK:STEP such as 1:5 (rank >= 0, step >= 1), got {text!r}")
+    return value
+
+
+def add_reliability_options(p: RankZeroParser) -> None:
+    d = DEFAULTS
+    g = p.add_argument_group("reliability (docs/reliability.md)")
+    g.add_argument("--stall-timeout", type=_at_least(0.0, float), default=60.0, metavar="SECONDS",
+                   help="a collective still waiting after this long names the ranks that have not arrived "
+                        "and aborts the job (0: off)")
+    g.add_argument("--keep-checkpoints", type=_at_least(1), default=d.keep_checkpoints, metavar="K",
+                   help="keep the newest K checkpoints in --checkpoint-dir")
+    g.add_argument("--on-nonfinite", choices=("abort", "skip"), default=d.on_nonfinite,
+                   help="NaN or Inf in the averaged gradient: stop the run naming the step, or skip that "
+                        "step's update on every rank")
+    g.add_argument("--inject-nan", type=_rank_step, default=None, metavar="RANK:STEP",
+                   help="testing aid: put a NaN in RANK's gradient at STEP (1-based), before the allreduce")
+
+
+def _writable_directory_problem(flag: str, path: str) -> Optional[str]:
+    """Why ``path`` cannot be used (or created) as a directory to read and write, or None."""
+    path = os.path.abspath(path)
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            return f"argument {flag}: {path} exists and is not a directory"
+        if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
+            return f"argument {flag}: directory {path} is not readable and writable by this user"
+        return None
+    parent = os.path.dirname(path)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"argument {flag}: cannot create {path}: {parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"argument {flag}: cannot create {path}: {parent} is not writable by this user"
+    return None
+
+
+def _reliability_problems(args, ranks: int) -> Optional[str]:
+    """Checks of the reliability options that need the rank count or the file system (rank 0's verdict)."""
+    if args.inject_nan and args.inject_nan[0] >= ranks:
+        return (f"argument --inject-nan: rank {args.inject_nan[0]} does not exist in a job of {ranks} ranks "
+                f"(0..{ranks - 1})")
+    if args.checkpoint_dir is not None:
+        if not args.checkpoint_dir:
+            return "argument --checkpoint-dir: expected a directory, got an empty string"
+        if is_root():
+            return _writable_directory_problem("--checkpoint-dir", args.checkpoint_dir)
+    return None
+# -- end of the reliability block ---------------------------------------------------------------
 
 
 def _problems(args, ranks: int) -> Optional[str]:
@@ -150,10 +211,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
-    problem = comm.bcast(_problems(args, comm.Get_size()), root=0)
+    problem = comm.bcast(_problems(args, comm.Get_size()) or _reliability_problems(args, comm.Get_size()), root=0)
     if problem:
         parser.error(problem)                          # rank 0 prints; every rank exits 2
     threads = limit_threads(comm)
+    set_stall_timeout(args.stall_timeout)
     config = config_from(args)
     try:
         trainer = Trainer(config, comm)
@@ -203,7 +265,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             bar = None
         say(line)
 
-    result = trainer.run(on_step=on_step if use_bar else None, on_epoch=on_epoch)
+    try:
+        result = trainer.run(on_step=on_step if use_bar else None, on_epoch=on_epoch)
+    except NonFiniteError as error:                  # raised on every rank at the same step
+        if bar is not None:
+            bar.close()
+        say(f"{parser.prog}: {error}", file=sys.stderr)
+        trainer.close()
+        return 1
     alone = trainer.allreduce_alone(args.bench_allreduce) if args.bench_allreduce else None
     if is_root():
         s = result["straggler"]
@@ -212,6 +281,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             f"{result['samples_per_second']:,.0f} samples/s | {result['train_seconds']:.1f} s training")
         say(f"replicas bitwise identical on all {ranks} ranks: {'yes' if result['replicas_identical'] else 'NO'}"
             f" (parameters blake2b {result['params_digest']})")
+        if result["skipped_steps"]:
+            say(f"skipped the update of {len(result['skipped_steps'])} step(s) with a non-finite averaged gradient "
+                f"(--on-nonfinite skip): {result['skipped_steps'][:20]}")
         if s["steps"]:
             say(f"\nstraggler report over {s['steps']} steps (records gathered every {config.gather_every} steps):")
             say(report.headline(s))
@@ -228,6 +300,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f"{alone['transfer_ms_p90']:.3f}), ratio {ratio:.3f}; in a bare compute-then-average loop"
                 f" {bare:.3f} ms, ratio {alone['bare_loop_ratio']:.3f}")
         payload = {"config": config.as_dict(), "threads_per_rank": threads, "heavy_yield": yield_state,
+                   "stall_timeout": args.stall_timeout,
                    **result, "allreduce_alone": alone}
         if args.json:
             write_json(args.json, payload)

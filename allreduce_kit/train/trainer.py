@@ -48,6 +48,9 @@ class Config:
     checkpoint_dir: Optional[str] = None
     checkpoint_every: int = 0
     resume: bool = False
+    keep_checkpoints: int = 3
+    on_nonfinite: str = "abort"                       # or "skip"
+    inject_nan: Optional[Tuple[int, int]] = None     # (rank, step): a testing aid
 
     def as_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -55,6 +58,23 @@ class Config:
 
 class ResumeError(Exception):
     """The checkpoint to resume from is missing or does not fit this run (same on every rank)."""
+
+
+class NonFiniteError(Exception):
+    """The averaged gradient holds NaN or Inf (raised on every rank at the same step)."""
+
+    def __init__(self, step: int, epoch: int):
+        super().__init__(f"non-finite averaged gradient (NaN or Inf) at step {step} (epoch {epoch}); stopping "
+                         f"before the update (--on-nonfinite abort). The parameters are those after step "
+                         f"{step - 1}; --on-nonfinite skip would skip such steps on every rank instead")
+        self.step = step
+
+
+def all_finite(buf: np.ndarray) -> bool:
+    """Whether ``buf`` holds no NaN or Inf: one summing pass; an exact check only if the sum is not finite."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = np.add.reduce(buf, dtype=np.float64) if buf.size else 0.0
+    return bool(np.isfinite(total)) or bool(np.isfinite(buf).all())
 
 
 def load_data(config: Config) -> data.Dataset:
@@ -89,6 +109,9 @@ class Trainer:
         self.timer = StepTimer(self.comm, config.gather_every)
         self.hosts = self.comm.allgather(MPI.Get_processor_name())
         self.step = 0
+        self.skipped_steps: List[int] = []               # steps whose update was skipped (non-finite)
+        self.saved_step = -1
+        self.nan_at = config.inject_nan[1] if config.inject_nan and config.inject_nan[0] == self.rank else 0
         self.history: List[Dict[str, Any]] = []
         self.buckets = len(bucket_bounds(self.model.size, self.model.dtype.itemsize, config.bucket_mb))
         if config.resume:
@@ -107,6 +130,8 @@ class Trainer:
         """Compute, average, update on this rank's batch ``idx``; records the three times."""
         t0 = time.perf_counter()
         loss, correct = self.model.forward_backward(self.data.X_train[idx], self.data.y_train[idx])
+        if self.nan_at == self.step + 1:
+            self.model.grads[0] = np.nan                 # --inject-nan: a testing aid
         if self.delay:
             pause(self.delay)
         if self.config.jitter_ms > 0:
@@ -115,8 +140,15 @@ class Trainer:
         average_buffer(self.model.grads, bucket_mb=self.config.bucket_mb, comm=self.comm,
                        algorithm=self.config.algorithm)
         t2 = time.perf_counter()
-        lr = learning_rate(self.config.lr, self.ranks, self.config.lr_scaling, self.warmup_steps, self.step)
-        self.optimizer.step(self.model.params, self.model.grads, lr)
+        # Every rank holds bitwise the same average, so every rank reaches the same verdict here
+        # without another message.
+        if not all_finite(self.model.grads):
+            if self.config.on_nonfinite == "abort":
+                raise NonFiniteError(self.step + 1, self.step // self.steps_per_epoch + 1)
+            self.skipped_steps.append(self.step + 1)
+        else:
+            lr = learning_rate(self.config.lr, self.ranks, self.config.lr_scaling, self.warmup_steps, self.step)
+            self.optimizer.step(self.model.params, self.model.grads, lr)
         t3 = time.perf_counter()
         self.timer.record(t1 - t0, t2 - t1, t3 - t2)
         self.step += 1
@@ -151,7 +183,7 @@ class Trainer:
             if on_epoch:
                 on_epoch(self.history[-1])
         self.timer.flush()
-        if cfg.checkpoint_dir:
+        if cfg.checkpoint_dir and self.saved_step != self.step:
             self.save_checkpoint()
         return self.results()
 
@@ -199,6 +231,7 @@ class Trainer:
             "train_seconds": seconds,
             "replicas_identical": identical,
             "params_digest": params_digest,
+            "skipped_steps": self.skipped_steps,
         }
         if records is not None:
             out["straggler"] = analyse(records, self.hosts)
@@ -252,35 +285,64 @@ class Trainer:
         """Rank 0 writes parameters, velocity, step and every rank's jitter RNG state (collective)."""
         states = self.comm.gather(self.jitter_rng.bit_generator.state, root=0)
         if self.rank == 0:
-            meta = {"step": self.step, "ranks": self.ranks, "widths": self.model.widths,
+            meta = {"ranks": self.ranks, "batch_size": self.config.batch_size, "widths": self.model.widths,
                     "dtype": self.model.dtype.name, "seed": self.config.seed,
                     "data_rng": {"scheme": "permutation of epoch e drawn from numpy default_rng([seed, 3, e])",
                                  "seed": self.config.seed},
-                    "jitter_rng_states": states, "config": self.config.as_dict()}
-            checkpoint.save(self.config.checkpoint_dir,
-                            {"params": self.model.params, "velocity": self.optimizer.velocity}, meta)
+                    "jitter_rng_states": states, "skipped_steps": self.skipped_steps,
+                    "config": self.config.as_dict()}
+            checkpoint.save(self.config.checkpoint_dir, self.step,
+                            {"params": self.model.params, "velocity": self.optimizer.velocity}, meta,
+                            keep=self.config.keep_checkpoints)
+        self.saved_step = self.step
+
+    def _mismatch(self, path: str, meta: Dict[str, Any], arrays: Dict[str, np.ndarray]) -> Optional[str]:
+        """Why the checkpoint at ``path`` does not fit this run, or None."""
+        if meta["widths"] != self.model.widths or meta["dtype"] != self.model.dtype.name:
+            return (f"{path} holds a {'-'.join(map(str, meta['widths']))} {meta['dtype']} model, this run builds "
+                    f"{self.model.describe()} {self.model.dtype.name}")
+        for name, expected in (("params", self.model.params), ("velocity", self.optimizer.velocity)):
+            got = arrays.get(name)
+            if got is None or got.shape != expected.shape or got.dtype != expected.dtype:
+                return (f"{path} holds {name} of shape {None if got is None else got.shape}, this model needs "
+                        f"{expected.shape} {expected.dtype}")
+        # A step count is a position in the data order, which is sharded by rank count and batch size.
+        if meta["ranks"] != self.ranks or meta["batch_size"] != self.config.batch_size:
+            return (f"{path} was written by a job of {meta['ranks']} ranks with --batch-size {meta['batch_size']}; "
+                    f"this job has {self.ranks} ranks with --batch-size {self.config.batch_size}, and its step "
+                    f"{meta['step']} would mean other samples (resume with the same rank count and batch size)")
+        return None
 
     def _resume(self) -> None:
         error, meta = None, None
+        directory = self.config.checkpoint_dir
         if self.rank == 0:
+            path = None
             try:
-                arrays, meta = checkpoint.load(self.config.checkpoint_dir)
-                if meta["widths"] != self.model.widths or meta["dtype"] != self.model.dtype.name:
-                    error = (f"--resume: the checkpoint in {self.config.checkpoint_dir} holds a "
-                             f"{'-'.join(map(str, meta['widths']))} {meta['dtype']} model, this run builds "
-                             f"{self.model.describe()} {self.model.dtype.name}")
-                else:
+                path = checkpoint.latest(directory)
+                if path is None:
+                    raise FileNotFoundError
+                arrays, meta = checkpoint.load(path)
+                error = self._mismatch(path, meta, arrays)
+                if error is None:
                     self.model.params[...] = arrays["params"]
                     self.optimizer.velocity[...] = arrays["velocity"]
             except FileNotFoundError:
-                error = f"--resume: no checkpoint in {self.config.checkpoint_dir} ({checkpoint.FILENAME} is missing)"
+                error = f"no checkpoint in {directory} (no checkpoint-*.npz)"
+            except checkpoint.CheckpointError as bad:
+                error = str(bad)
+                older = [p for _, p in checkpoint.listing(directory) if p != path]
+                if older:
+                    error += f"; it is not loaded: move it away to resume from the previous one, {older[-1]}"
             except (ValueError, KeyError, OSError) as bad:
-                error = f"--resume: cannot read {checkpoint.path_in(self.config.checkpoint_dir)}: {bad}"
+                error = f"cannot read {path or directory}: {bad}"
+            if error:
+                error = f"--resume: {error}"
         error, meta = self.comm.bcast((error, meta), root=0)
         if error:
             raise ResumeError(error)
         broadcast_parameters(self.model.params, root=0, comm=self.comm)
         broadcast_parameters(self.optimizer.velocity, root=0, comm=self.comm)
-        self.step = int(meta["step"])
-        if meta["ranks"] == self.ranks:
-            self.jitter_rng.bit_generator.state = meta["jitter_rng_states"][self.rank]
+        self.step = self.saved_step = int(meta["step"])
+        self.skipped_steps = list(meta.get("skipped_steps", []))
+        self.jitter_rng.bit_generator.state = meta["jitter_rng_states"][self.rank]
