@@ -65,6 +65,8 @@ def plot(path: str, runs: Sequence[Dict[str, Any]], names: Sequence[str]) -> Non
     for run, name in zip(runs, names):
         curve = run["summary"]["curve"]
         label = f"{name} ({run['summary']['mode']}, {run['summary']['ranks']} ranks)"
+        if (run.get("config") or {}).get("straggler"):
+            label += f", straggler {run['config']['straggler'][0]}:{run['config']['straggler'][1]:g}"
         by_time.plot(curve["seconds"], curve["loss"], marker=".", label=label)
         by_samples.plot(curve["samples"], curve["loss"], marker=".", label=label)
     for ax, xlabel in ((by_time, "wall time (s)"), (by_samples, "samples seen")):

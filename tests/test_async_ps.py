@@ -119,7 +119,7 @@ def test_a_dead_worker_is_named_by_the_server_not_waited_for(mpirun, fault, mess
     (2, ["--mode", "async-ps", "--straggler", "0:5"], "argument --straggler: rank 0 is not a worker"),
 ])
 def test_bad_mode_options_give_one_message_and_exit_2(mpirun, n, args, message):
-    result = mpirun(n, TRAIN + args, timeout=60)
+    result = _python(TRAIN + args) if n == 1 else mpirun(n, TRAIN + args, timeout=60)
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.count(message) == 1, result.stderr
     assert "Traceback" not in result.stderr + result.stdout
