@@ -16,16 +16,20 @@ from .stall import INSPECTOR, stall_timeout as default_stall_timeout
 CHECK_BY_DEFAULT = os.environ.get("ALLREDUCE_KIT_CHECK", "0").lower() not in ("", "0", "false", "no")
 
 
+_DTYPES = frozenset(kernels.DTYPES)
+
+
 def validate(buf, op: str, algorithm: str) -> None:
     """Raise ``TypeError``/``ValueError`` naming the argument if this rank's call is malformed."""
     if not isinstance(buf, np.ndarray):
         raise TypeError(f"allreduce: buf must be a numpy.ndarray, got {type(buf).__name__}")
-    if buf.dtype not in kernels.DTYPES:
+    if buf.dtype not in _DTYPES:
         names = ", ".join(d.name for d in kernels.DTYPES)
         raise TypeError(f"allreduce: buf has unsupported dtype {buf.dtype.str} ({buf.dtype}); supported: {names} in native byte order")
-    if not buf.flags.c_contiguous:
+    flags = buf.flags
+    if not flags.c_contiguous:
         raise ValueError("allreduce: buf must be C-contiguous (reduced in place); pass np.ascontiguousarray(buf) and copy back")
-    if not buf.flags.writeable:
+    if not flags.writeable:
         raise ValueError("allreduce: buf is read-only, but the reduction is written into it in place")
     if op not in OPS:
         raise ValueError(f"allreduce: unknown op {op!r}; choose one of {', '.join(OPS)}")
@@ -88,9 +92,8 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
     ``allreduce_kit.stall``; 0 turns it off), the ranks that are waiting print which ranks have
     not arrived and the job is aborted.
     """
-    check = CHECK_BY_DEFAULT if check is None else check
     lib = library_comm(comm)
-    if check:
+    if check or (check is None and CHECK_BY_DEFAULT):
         try:
             validate(buf, op, algorithm)
         except (TypeError, ValueError) as error:
@@ -98,15 +101,15 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
         _agree(lib, buf, op, algorithm, None)
     else:
         validate(buf, op, algorithm)
-    p = lib.Get_size()
+    p = lib.nranks
     if p == 1 or buf.size == 0:
         return buf
     if algorithm == "auto":
-        algorithm = selection.choose(buf.nbytes, p)
+        algorithm = selection.choose_for(lib, buf.nbytes)
     timeout = default_stall_timeout() if stall_timeout is None else stall_timeout
     INSPECTOR.enter(lib.watch, timeout, algorithm, buf)
     try:
-        ALGORITHMS[algorithm](lib, buf.reshape(-1), reduction(op, p))
+        ALGORITHMS[algorithm](lib, buf if buf.ndim == 1 else buf.reshape(-1), reduction(op, p))
     finally:
         INSPECTOR.leave()
     return buf

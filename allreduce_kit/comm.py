@@ -19,16 +19,33 @@ class LibraryComm(MPI.Intracomm):
     def __new__(cls, comm: MPI.Intracomm) -> "LibraryComm":
         self = super().__new__(cls, comm)
         self._scratch: Dict[int, np.ndarray] = {}
+        self._views: Dict[tuple, np.ndarray] = {}
+        #: ``Get_size()`` and ``Get_rank()``, read once (they never change for a communicator).
+        self.nranks, self.myrank = comm.Get_size(), comm.Get_rank()
+        #: Per-communicator cache for ``algorithm="auto"`` (see ``selection.py``).
+        self.auto = None
         self.watch = INSPECTOR.watch(self)
         return self
 
     def scratch(self, count: int, dtype: np.dtype, slot: int = 0) -> np.ndarray:
-        """A reusable 1-D array of ``count`` elements; contents undefined. One per ``slot``."""
+        """A reusable 1-D array of ``count`` elements; contents undefined. One per ``slot``.
+
+        The view for the last ``(count, dtype)`` asked of each slot is kept, so the steady
+        state of a training loop or a benchmark costs one dictionary lookup per call.
+        """
+        key = (slot, count, dtype)
+        view = self._views.get(key)
+        if view is not None:
+            return view
         nbytes = count * np.dtype(dtype).itemsize
         raw = self._scratch.get(slot)
         if raw is None or raw.size < nbytes:
             raw = self._scratch[slot] = np.empty(max(nbytes, 64), dtype=np.uint8)
-        return raw[:nbytes].view(dtype)
+            self._views = {k: v for k, v in self._views.items() if k[0] != slot}  # old buffer's views
+        if len(self._views) > 64:
+            self._views.clear()
+        view = self._views[key] = raw[:nbytes].view(dtype)
+        return view
 
 
 def _free_clone(comm: MPI.Comm, keyval: int, clone: LibraryComm) -> None:
@@ -38,6 +55,7 @@ def _free_clone(comm: MPI.Comm, keyval: int, clone: LibraryComm) -> None:
 
 
 _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_free_clone)
+_world: list = []
 
 
 def library_comm(comm: Optional[MPI.Intracomm] = None) -> LibraryComm:
@@ -46,7 +64,14 @@ def library_comm(comm: Optional[MPI.Intracomm] = None) -> LibraryComm:
     Collective the first time it is called for a communicator (it calls ``Clone``); after that
     it is a local lookup. The clone is freed when ``comm`` is freed.
     """
-    comm = MPI.COMM_WORLD if comm is None else comm
+    if comm is None or comm is MPI.COMM_WORLD:  # found without an attribute lookup after the first call
+        if not _world:
+            _world.append(_clone_of(MPI.COMM_WORLD))
+        return _world[0]
+    return _clone_of(comm)
+
+
+def _clone_of(comm: MPI.Intracomm) -> LibraryComm:
     lib = comm.Get_attr(_KEYVAL)
     if lib is None:
         if comm.Is_inter():

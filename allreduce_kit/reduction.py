@@ -1,6 +1,7 @@
 """What an algorithm applies when two partial results meet: an op bound to a rank count."""
-from dataclasses import dataclass
 from functools import lru_cache
+from types import ModuleType
+from typing import Union
 
 import numpy as np
 
@@ -9,36 +10,57 @@ from . import kernels
 #: Reduction operations ``allreduce`` accepts; ``mean`` is ``sum`` divided by the rank count.
 OPS = ("sum", "mean", "max", "min", "prod")
 
+#: The module whose ``reduce_into``, ``divide`` and ``sum_divide_into`` do the arithmetic.
+_kernels: Union[ModuleType, object] = kernels
 
-@dataclass(frozen=True)
+
 class Reduction:
     """``op`` for a communicator of ``size`` ranks, as the algorithms apply it.
 
     Algorithms call ``combine`` for every partial result they fold in and pass ``last=True``
     for the fold that completes an element's reduction (that is where ``mean`` divides, in the
     same pass); ``finish`` does that division for algorithms that never fold last (``mpi``).
+    Everything a call needs is looked up once, here, not on every call.
     """
 
-    op: str
-    size: int
+    __slots__ = ("op", "size", "base", "_reduce_into", "_sum_divide_into", "_divide", "_mean")
 
-    @property
-    def base(self) -> str:
-        """The element-wise op the kernels apply: ``sum`` for ``mean``."""
-        return "sum" if self.op == "mean" else self.op
+    def __init__(self, op: str, size: int, backend=None):
+        backend = backend or _kernels
+        self.op, self.size = op, size
+        #: The element-wise op the kernels apply: ``sum`` for ``mean``.
+        self.base = "sum" if op == "mean" else op
+        self._mean = op == "mean"
+        self._reduce_into = backend.reduce_into
+        self._sum_divide_into = backend.sum_divide_into
+        self._divide = backend.divide
 
     def combine(self, dst: np.ndarray, src: np.ndarray, last: bool = False) -> None:
-        if last and self.op == "mean":
-            kernels.sum_divide_into(dst, src, self.size)
+        """``dst = dst op src``; with ``last=True`` a mean also divides by ``size``."""
+        if last and self._mean:
+            self._sum_divide_into(dst, src, self.size)
         else:
-            kernels.reduce_into(dst, src, self.base)
+            self._reduce_into(dst, src, self.base)
 
     def finish(self, buf: np.ndarray) -> None:
-        if self.op == "mean":
-            kernels.divide(buf, self.size)
+        """Divide by ``size`` for a mean whose folds never said ``last`` (e.g. MPI's own)."""
+        if self._mean:
+            self._divide(buf, self.size)
+
+    def __repr__(self) -> str:
+        return f"Reduction({self.op!r}, {self.size})"
 
 
 @lru_cache(maxsize=None)
 def reduction(op: str, size: int) -> Reduction:
-    """The cached ``Reduction`` for ``op`` over ``size`` ranks."""
+    """The cached ``Reduction`` for ``op`` over ``size`` ranks, on the current kernels."""
     return Reduction(op, size)
+
+
+def use_kernels(backend) -> None:
+    """Do the arithmetic with ``backend`` (a module or object with ``reduce_into``, ``divide``
+    and ``sum_divide_into`` as in ``allreduce_kit.kernels``) from now on; ``None`` restores the
+    numba kernels. For measuring what the kernels buy (``bench --kernel numpy``)."""
+    global _kernels
+    _kernels = backend or kernels
+    reduction.cache_clear()

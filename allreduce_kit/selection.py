@@ -1,12 +1,179 @@
 """What ``algorithm="auto"`` runs: a choice from message size and rank count.
 
-The same inputs give the same choice on every rank, which keeps the ranks in step.
+The choice comes from a table of crossover points: for each measured rank count, a list of
+``(min_bytes, algorithm)`` rules sorted by ``min_bytes`` (the last rule whose ``min_bytes`` is
+at most the message size wins). Rank counts not in the table use the nearest one measured
+(on a log scale; ties go to the larger).
+
+Where the table comes from, first match wins:
+
+1. ``$ALLREDUCE_KIT_TUNING``: a path to a tuning file, or ``builtin`` for the table below;
+2. the default tuning file, ``$XDG_CONFIG_HOME/allreduce_kit/tuning.json`` (``XDG_CONFIG_HOME``
+   defaults to ``~/.config``), if it exists;
+3. ``BUILTIN``, measured on the machine this package was developed on (docs/performance.md).
+
+``python -m allreduce_kit.bench --tune [PATH]`` measures the crossover points at the rank count
+it runs with and writes (or updates) the file. Rank 0 reads the table once per communicator, at
+the first ``auto`` call on it, and broadcasts it, so every rank makes the same choice even if
+the file differs between nodes.
 """
+import json
+import os
+from bisect import bisect_right
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
 
-#: Messages of at least this many bytes go around the ring; smaller ones up the tree.
-RING_MIN_BYTES = 64 * 1024
+from .algorithms import ALGORITHMS
+
+ENV = "ALLREDUCE_KIT_TUNING"
+FORMAT = 1
+
+#: rank count -> ((min_bytes, algorithm), ...): ``bench --tune`` on the development machine (2 cores,
+#: MPICH 5.0.2, float32 sum, 4 B to 64 MiB; docs/results/tuning.json and docs/performance.md).
+BUILTIN: Dict[int, Tuple[Tuple[int, str], ...]] = {
+    2: ((0, "recursive_doubling"), (1 << 20, "rabenseifner"), (8 << 20, "ring")),
+    4: ((0, "tree"), (64, "recursive_doubling"), (8 << 20, "rabenseifner")),
+    8: ((0, "naive"), (2 << 10, "recursive_doubling"), (4 << 20, "rabenseifner")),
+}
+
+Table = Dict[int, Tuple[Tuple[int, str], ...]]
 
 
-def choose(nbytes: int, size: int) -> str:
+def default_path() -> Path:
+    """The tuning file ``auto`` reads when ``$ALLREDUCE_KIT_TUNING`` is not set."""
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "allreduce_kit" / "tuning.json"
+
+
+def parse(payload: dict, source: str = "tuning file") -> Table:
+    """Check a tuning file's contents and turn them into a table; ``ValueError`` names the fault."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("rules"), dict):
+        raise ValueError(f"{source}: expected a JSON object with a 'rules' object (rank count -> rules)")
+    table: Table = {}
+    for key, rules in payload["rules"].items():
+        if not str(key).isdigit() or int(key) < 2:
+            raise ValueError(f"{source}: rank count {key!r} is not an integer >= 2")
+        if not isinstance(rules, list) or not rules:
+            raise ValueError(f"{source}: rules for {key} ranks must be a non-empty list of [min_bytes, algorithm]")
+        parsed = []
+        for rule in rules:
+            if (not isinstance(rule, (list, tuple)) or len(rule) != 2 or not isinstance(rule[0], int)
+                    or rule[0] < 0 or rule[1] not in ALGORITHMS):
+                raise ValueError(f"{source}: bad rule {rule!r} for {key} ranks; want [min_bytes >= 0, one of "
+                                 f"{', '.join(ALGORITHMS)}]")
+            parsed.append((int(rule[0]), str(rule[1])))
+        parsed.sort()
+        if parsed[0][0] != 0:
+            raise ValueError(f"{source}: the rules for {key} ranks must start at min_bytes 0")
+        table[int(key)] = tuple(parsed)
+    if not table:
+        raise ValueError(f"{source}: no rules")
+    return table
+
+
+def load(path: Optional[str] = None) -> Tuple[Table, str]:
+    """The table ``auto`` uses and where it came from (a path, or ``builtin``).
+
+    ``path`` overrides the environment; a named file that is missing or malformed raises
+    ``ValueError`` (the default file is used only if it exists).
+    """
+    chosen = path or os.environ.get(ENV, "").strip()
+    if chosen == "builtin":
+        return dict(BUILTIN), "builtin"
+    if not chosen:
+        default = default_path()
+        if not default.is_file():
+            return dict(BUILTIN), "builtin"
+        chosen = str(default)
+    try:
+        with open(chosen, encoding="utf-8") as handle:
+            payload = json.load(handle)
+    except OSError as error:
+        raise ValueError(f"tuning file {chosen} (from {'$' + ENV if not path else 'the caller'}): {error.strerror}") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"tuning file {chosen}: not JSON ({error})") from None
+    return parse(payload, f"tuning file {chosen}"), chosen
+
+
+def rules_for(table: Table, size: int) -> Tuple[Tuple[int, str], ...]:
+    """The rules for ``size`` ranks: its own, else those of the nearest rank count measured."""
+    if size in table:
+        return table[size]
+    nearest = min(table, key=lambda q: (abs(q.bit_length() - size.bit_length()), abs(q - size), -q))
+    return table[nearest]
+
+
+def choose(nbytes: int, size: int, table: Optional[Table] = None) -> str:
     """The algorithm ``auto`` uses for a message of ``nbytes`` bytes on ``size`` ranks."""
-    return "ring" if nbytes >= RING_MIN_BYTES else "tree"
+    rules = rules_for(BUILTIN if table is None else table, size)
+    return rules[bisect_right([r[0] for r in rules], nbytes) - 1][1]
+
+
+class _Auto:
+    """One communicator's table and its choices so far (a dictionary lookup per call)."""
+
+    __slots__ = ("rules", "starts", "source", "memo")
+
+    def __init__(self, rules: Sequence[Tuple[int, str]], source: str):
+        self.rules, self.source = tuple(rules), source
+        self.starts = [r[0] for r in rules]
+        self.memo: Dict[int, str] = {}
+
+    def choose(self, nbytes: int) -> str:
+        name = self.rules[bisect_right(self.starts, nbytes) - 1][1]
+        if len(self.memo) < 4096:
+            self.memo[nbytes] = name
+        return name
+
+
+def choose_for(lib, nbytes: int) -> str:
+    """``auto``'s choice on the library communicator ``lib`` (collective on its first call)."""
+    auto = lib.auto
+    if auto is None:
+        auto = lib.auto = _load_everywhere(lib)
+    name = auto.memo.get(nbytes)
+    return name if name is not None else auto.choose(nbytes)
+
+
+def _load_everywhere(lib) -> _Auto:
+    """Rank 0 loads the table and broadcasts it; a bad file raises on every rank."""
+    try:
+        loaded: object = load() if lib.myrank == 0 else None
+    except ValueError as error:
+        loaded = error
+    loaded = lib.bcast(loaded, root=0)
+    if isinstance(loaded, ValueError):
+        raise ValueError(f"allreduce(algorithm='auto'): {loaded}")
+    table, source = loaded
+    return _Auto(rules_for(table, lib.nranks), source)
+
+
+def source_for(lib) -> str:
+    """Where ``lib``'s ``auto`` table came from (collective if ``auto`` was not used yet)."""
+    if lib.auto is None:
+        lib.auto = _load_everywhere(lib)
+    return lib.auto.source
+
+
+def write(path: str, size: int, rules: List[Tuple[int, str]], note: dict) -> dict:
+    """Add (or replace) the rules for ``size`` ranks in the tuning file at ``path``; return it.
+
+    Rules for other rank counts already in the file are kept, so running ``bench --tune`` at
+    2, 4 and 8 ranks in turn builds one file for all three.
+    """
+    payload = {"format": FORMAT, "rules": {}, "measured": {}}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as handle:
+            old = json.load(handle)
+        parse(old, f"tuning file {path}")  # refuse to extend a broken file
+        payload["rules"].update(old.get("rules", {}))
+        payload["measured"].update(old.get("measured", {}))
+    payload["rules"][str(size)] = [[int(b), name] for b, name in rules]
+    payload["measured"][str(size)] = note
+    payload["rules"] = dict(sorted(payload["rules"].items(), key=lambda kv: int(kv[0])))
+    parse(payload, f"tuning file {path}")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as out:
+        json.dump(payload, out, indent=2)
+        out.write("\n")
+    return payload

@@ -1,6 +1,6 @@
 """Measure issue 3's three targets for ``python -m allreduce_kit.train``, interleaving runs.
 
-    python benchmarks/train_targets.py [--repeat 5] [--only wall,overhead,scaling,yield]
+    python benchmarks/train_targets.py [--repeat 5] [--only wall,yield,overhead,scaling,jitter]
 
 Each configuration is run ``--repeat`` times, in turn with the others (so a burst of load from
 elsewhere hits all of them alike); the script prints the median and range of each figure.
@@ -25,6 +25,8 @@ CONFIGS = {
     "wall": [("default 8 ranks", 8, [], {})],
     "yield": [("8 ranks, heavy yield (default)", 8, [], {}),
               ("8 ranks, no heavy yield", 8, [], {"ALLREDUCE_KIT_YIELD": "0"})],
+    # Random delays, uniform in [0, 10] ms on every rank: waiting grows with p.
+    "jitter": [(f"p={p} jitter 5 ms", p, ["--epochs", "10", "--jitter-ms", "5"], {}) for p in (2, 4, 8)],
     # A 1,011,010-parameter model (4.04 MB float32 gradient) at p = 2.
     "overhead": [("1M params p=2", 2, ["--dataset", "synthetic", "--samples", "20000", "--features", "1000",
                                        "--hidden", "1000", "--classes", "10", "--max-steps", "150",
@@ -56,6 +58,8 @@ def run(ranks, args, env, workdir):
             "samples_per_s_at_median_step": (result["ranks"] * result["config"]["batch_size"]
                                              / (result["straggler"]["step_ms_p50"] / 1e3)),
             "trainer_transfer_ms": result["straggler"]["transfer_ms_p50"],
+            "wait_ms_mean": result["straggler"]["wait_ms_mean"],
+            "wait_share": result["straggler"]["wait_share"],
             **({"alone_transfer_ms": result["allreduce_alone"]["transfer_ms_p50"],
                 "ratio_trainer_over_alone": result["allreduce_alone"]["ratio"],
                 "bare_loop_transfer_ms": result["allreduce_alone"]["bare_loop_transfer_ms_p50"],
@@ -65,7 +69,7 @@ def run(ranks, args, env, workdir):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--only", default="wall,yield,overhead,scaling")
+    parser.add_argument("--only", default="wall,yield,overhead,scaling,jitter")
     args = parser.parse_args()
     chosen = [c for name in args.only.split(",") for c in CONFIGS[name]]
     figures = {c[0]: [] for c in chosen}

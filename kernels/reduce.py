@@ -22,20 +22,19 @@ _FLAGS = dict(cache=True, nogil=True, error_model="numpy")
 
 @njit(inline="always")
 def _max(a, b):
-    if a > b or a != a:
-        return a
-    if b > a or b != b:
-        return b
-    return b if math.copysign(1.0, a) < 0 else a
+    # Branchless (``|``, ``&`` and one select each, no ``or``/``and`` and no copysign) so that
+    # LLVM vectorises the loop: about numpy's speed instead of half of it. Take ``a`` if it is
+    # larger or NaN, else ``b`` (so a NaN in ``b`` wins too). Two zeros give their sum, which
+    # is +0.0 unless both are -0.0: max(+0.0, -0.0) is +0.0 in either order.
+    larger = a if (a > b) | (a != a) else b
+    return a + b if (a == 0) & (b == 0) else larger
 
 
 @njit(inline="always")
 def _min(a, b):
-    if a < b or a != a:
-        return a
-    if b < a or b != b:
-        return b
-    return a if math.copysign(1.0, a) < 0 else b
+    # As ``_max``; two zeros give -((-a) + (-b)), which is -0.0 unless both are +0.0.
+    smaller = a if (a < b) | (a != a) else b
+    return -((-a) + (-b)) if (a == 0) & (b == 0) else smaller
 
 
 @njit(inline="always")

@@ -110,7 +110,7 @@ def test_analysis_names_the_late_rank_and_its_waits():
     assert [r["slowest_share"] for r in s["ranks"]] == [0, 0, 1, 0]
     assert s["ranks"][2]["wait_p50_ms"] == pytest.approx(0) and s["ranks"][0]["wait_p50_ms"] == pytest.approx(20)
     assert s["transfer_ms_p50"] == pytest.approx(2) and s["slowest_compute_ms_p50"] == pytest.approx(30)
-    assert s["step_ms_p50"] == pytest.approx(33)
+    assert s["step_ms_p50"] == pytest.approx(33) and s["other_ms_p50"] == pytest.approx(0)
     assert s["ranks"][2]["score"] == pytest.approx(1 / 3) and s["ranks"][0]["score"] == pytest.approx(1)
     assert s["wait_share"] == pytest.approx(3 * 20 / (3 * 33 + 33))
     assert s["ranks"][2]["host"] == "b"

@@ -14,8 +14,19 @@ name                   what it does                                 when it is t
                        binomial-tree broadcast
 ``ring``               reduce-scatter then allgather around a       large messages: each rank sends
                        ring, p-1 steps each                         and receives only 2(p-1)/p n
+``recursive_doubling`` lg p steps, each swapping the whole buffer   small messages: lg p messages
+                       with the partner across one rank bit and     and no broadcast phase (MPICH's
+                       combining                                    short-message choice)
+``rabenseifner``       reduce-scatter by recursive halving, then    large messages: the ring's
+                       allgather by recursive doubling              2(p-1)/p n traffic in only
+                                                                    2 lg p messages (MPICH's
+                                                                    long-message choice)
 ``mpi``                MPI's own ``Allreduce``                      the oracle and the yardstick
 =====================  ===========================================  =================================
+
+``recursive_doubling`` and ``rabenseifner`` fold rank counts that are not a power of two into
+one that is first (``fold.py``), as MPICH does. ``algorithm="auto"`` picks one of these by
+message size and rank count (``allreduce_kit/selection.py``).
 """
 from typing import Callable, Dict
 
@@ -40,4 +51,4 @@ def register(name: str) -> Callable[[Algorithm], Algorithm]:
     return add
 
 
-from . import naive, tree, ring, mpi  # noqa: E402,F401  (each module registers itself)
+from . import naive, tree, ring, recursive_doubling, rabenseifner, mpi  # noqa: E402,F401  (each module registers itself)

@@ -9,7 +9,7 @@ TAG = 101
 
 @register("naive")
 def allreduce(comm, buf, op):
-    p, rank = comm.Get_size(), comm.Get_rank()
+    p, rank = comm.nranks, comm.myrank
     if rank != 0:
         comm.Send(buf, dest=0, tag=TAG)
         comm.Recv(buf, source=0, tag=TAG)

@@ -18,7 +18,7 @@ def segment_bounds(n: int, p: int) -> list:
 
 @register("ring")
 def allreduce(comm, buf, op):
-    p, rank = comm.Get_size(), comm.Get_rank()
+    p, rank = comm.nranks, comm.myrank
     right, left = (rank + 1) % p, (rank - 1) % p
     bounds = segment_bounds(buf.size, p)
     seg = [buf[bounds[i]:bounds[i + 1]] for i in range(p)]

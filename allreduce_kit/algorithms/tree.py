@@ -10,7 +10,7 @@ TAG = 102
 
 def reduce_to_root(comm, buf, op) -> None:
     """Binomial reduce: afterwards rank 0's ``buf`` holds the full reduction."""
-    p, rank = comm.Get_size(), comm.Get_rank()
+    p, rank = comm.nranks, comm.myrank
     incoming = None
     mask = 1
     while mask < p:
@@ -27,7 +27,7 @@ def reduce_to_root(comm, buf, op) -> None:
 
 def broadcast_from_root(comm, buf) -> None:
     """Binomial broadcast of rank 0's ``buf`` to every rank."""
-    p, rank = comm.Get_size(), comm.Get_rank()
+    p, rank = comm.nranks, comm.myrank
     mask = 1
     while mask < p:
         if rank & mask:

@@ -27,9 +27,9 @@ class SGD:
         self.velocity = np.zeros(size, dtype=self.dtype)
 
     def warm_up(self) -> None:
-        """Load (or compile) the update for this dtype now, so that the first timed step does not pay for it."""
-        scratch = np.zeros(1, dtype=self.dtype)
-        _sgd_update(scratch, scratch.copy(), scratch.copy(), self.dtype.type(0), self.dtype.type(0), self.dtype.type(0))
+        """Load (or compile) the update kernel now, on a one-element buffer, not in step 1."""
+        one = np.zeros(1, dtype=self.dtype)
+        _sgd_update(one, one.copy(), one.copy(), self.dtype.type(0), self.dtype.type(0), self.dtype.type(0))
 
     def step(self, params: np.ndarray, grads: np.ndarray, lr: float) -> None:
         scalar = self.dtype.type          # arithmetic in the buffers' dtype

@@ -11,8 +11,9 @@ def epoch_line(e: Dict[str, Any], epochs: int) -> str:
 def headline(s: Dict[str, Any]) -> str:
     """One line: the step time, what it is made of, and what waiting for the slowest rank costs."""
     return (f"step {s['step_ms_p50']:.2f} ms (median): slowest rank's compute {s['slowest_compute_ms_p50']:.2f} ms"
-            f" + transfer {s['transfer_ms_p50']:.2f} ms + update {s['update_ms_p50']:.2f} ms; ranks waited"
-            f" {s['wait_ms_mean']:.2f} ms per step on average for the slowest, {100 * s['wait_share']:.1f}%"
+            f" + transfer {s['transfer_ms_p50']:.2f} ms + update {s['update_ms_p50']:.2f} ms"
+            f" + skew {s['other_ms_p50']:.2f} ms; a rank waits {s['wait_ms_p50']:.2f} ms per step for the"
+            f" slowest (median of the ranks' mean), {100 * s['wait_share']:.1f}%"
             f" of the run's rank-time lost to waiting; most often slowest: rank {s['slowest_rank']}")
 
 
@@ -51,7 +52,7 @@ def plot(path: str, result: Dict[str, Any]) -> None:
     line.plot(range(1, len(s["step_ms"]) + 1), s["step_ms"], lw=0.8)
     line.axhline(s["step_ms_p50"], color="k", ls="--", lw=0.8, label=f"median {s['step_ms_p50']:.2f} ms")
     line.set_xlabel("step")
-    line.set_ylabel("step time (ms, slowest rank)")
+    line.set_ylabel("step time (ms, mean over ranks)")
     line.set_yscale("log")
     line.set_title("step time")
     line.legend()

@@ -63,8 +63,11 @@ def analyse(records: np.ndarray, hosts: List[str]) -> Dict:
     transfer = allreduce.min(axis=1)                       # per step
     wait = allreduce - transfer[:, None]                   # per step and rank
     slowest = allreduce.argmin(axis=1)                     # arrives last, waits least
-    step_time = (compute + allreduce + update).max(axis=1)
+    step_time = (compute + allreduce + update).mean(axis=1)   # every rank's wall time, averaged
     rows = np.arange(steps)
+    # What the slowest rank's compute, the transfer and the update do not explain: ranks that
+    # start a step at different times (they leave the previous collective at different times).
+    other = step_time - (compute[rows, slowest] + transfer + update[rows, slowest])
     compute_p50 = np.median(compute, axis=0)
     fastest = compute_p50.min()
     per_rank = []
@@ -87,7 +90,9 @@ def analyse(records: np.ndarray, hosts: List[str]) -> Dict:
         "slowest_compute_ms_p50": float(np.median(compute[rows, slowest])),
         "transfer_ms_p50": float(np.median(transfer)),
         "update_ms_p50": float(np.median(update)),
+        "other_ms_p50": float(np.median(other)),
         "wait_ms_mean": float(wait.mean()),
+        "wait_ms_p50": float(np.median(wait.mean(axis=1))),     # per step, the ranks' mean wait
         "wait_share": float(wait.sum() / busy) if busy > 0 else 0.0,
         "slowest_rank": int(np.bincount(slowest, minlength=ranks).argmax()),
         "step_ms": [float(t) for t in step_time],

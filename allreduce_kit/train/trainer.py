@@ -94,11 +94,14 @@ class Trainer:
         self.buckets = len(bucket_bounds(self.model.size, self.model.dtype.itemsize, config.bucket_mb))
         if config.resume:
             self._resume()
-        self.optimizer.warm_up()                          # loading the compiled update is not step 1's time
-        # One untimed average first: the first collective pays for loading compiled kernels and
-        # setting up connections, which would otherwise show up as step 1 of epoch 1.
+        # One untimed pass first: the first compute, collective and update pay for loading
+        # compiled kernels, starting BLAS and setting up connections, which would otherwise
+        # show up as the first steps of epoch 1. (The gradient it leaves is overwritten.)
+        self.model.forward_backward(self.data.X_train[:2], self.data.y_train[:2])
         average_buffer(self.model.grads.copy(), bucket_mb=config.bucket_mb, comm=self.comm,
                        algorithm=config.algorithm)
+        self.optimizer.warm_up()
+        self.comm.Barrier()
 
     # -- one step ---------------------------------------------------------------------------
     def train_step(self, idx: np.ndarray) -> Tuple[float, int]:

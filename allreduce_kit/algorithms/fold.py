@@ -1,0 +1,63 @@
+"""Fold a rank count that is not a power of two into one that is, as MPICH does.
+
+With ``pof2`` the largest power of two <= p and ``rem = p - pof2``, each of the first ``rem``
+even ranks sends its buffer to the odd rank above it, which folds it in and stands for both;
+the even rank sits out. The ``pof2`` ranks left (odd ranks below ``2 rem``, and every rank from
+``2 rem`` up) run a power-of-two algorithm under new ranks ``0 .. pof2-1``; afterwards each odd
+rank hands the result back to its even partner. Cost: one extra transfer and reduction of the
+whole buffer before, and one transfer after (Thakur, Rabenseifner & Gropp 2005, section 4).
+"""
+from functools import lru_cache
+from typing import NamedTuple
+
+TAG = 110
+
+
+class Fold(NamedTuple):
+    """This rank's place in the folded group."""
+
+    pof2: int     #: the power of two the group is folded to
+    rem: int      #: p - pof2: how many even ranks sit out
+    rank: int     #: this rank in the communicator
+    newrank: int  #: this rank in the folded group, or -1 if it sits out
+
+    def real(self, newrank: int) -> int:
+        """The communicator rank that plays ``newrank`` in the folded group."""
+        return 2 * newrank + 1 if newrank < self.rem else newrank + self.rem
+
+
+@lru_cache(maxsize=None)
+def plan(p: int, rank: int) -> Fold:
+    """The fold for ``rank`` of ``p`` ranks (cached: computed once per communicator shape)."""
+    pof2 = 1 << (p.bit_length() - 1)
+    rem = p - pof2
+    if rank < 2 * rem:
+        newrank = -1 if rank % 2 == 0 else rank // 2
+    else:
+        newrank = rank - rem
+    return Fold(pof2, rem, rank, newrank)
+
+
+def fold_in(comm, buf, op, fold: Fold) -> None:
+    """Before: the even ranks below ``2 rem`` hand their buffers to the odd rank above.
+
+    Callers may skip the call when ``fold.rem`` is 0 (a power of two: nothing to fold).
+    """
+    if fold.rank >= 2 * fold.rem:
+        return
+    if fold.newrank < 0:
+        comm.Send(buf, dest=fold.rank + 1, tag=TAG)
+    else:
+        incoming = comm.scratch(buf.size, buf.dtype)
+        comm.Recv(incoming, source=fold.rank - 1, tag=TAG)
+        op.combine(buf, incoming)  # only this rank computes these bits; the partner copies them
+
+
+def fold_out(comm, buf, fold: Fold) -> None:
+    """After: each odd rank below ``2 rem`` sends the finished result to its even partner."""
+    if fold.rank >= 2 * fold.rem:
+        return
+    if fold.newrank < 0:
+        comm.Recv(buf, source=fold.rank + 1, tag=TAG)
+    else:
+        comm.Send(buf, dest=fold.rank - 1, tag=TAG)

@@ -1,0 +1,279 @@
+"""``python -m allreduce_kit.bench``: allreduce algorithms side by side with MPI's own Allreduce.
+
+Prints, on rank 0, a preamble and an nccl-tests-style table: one row per message size and
+algorithm with the slowest rank's time per call (median, min and max over samples), algorithm
+and bus bandwidth, and ``#wrong``, the elements that differ from MPI's result. Then the ratios
+of median times to MPI's, per size.
+
+  mpiexec -n 4 python -m allreduce_kit.bench -b 8 -e 64M -f 2
+  mpiexec -n 4 python -m allreduce_kit.bench --tune          # crossover points for auto
+  python -m allreduce_kit.bench --fit p2.json p4.json p8.json  # fit alpha, beta, gamma
+"""
+import json
+import os
+import re
+import socket
+import sys
+from typing import List, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import kernels, selection
+from ..cli import RankZeroParser, say, write_json
+from ..comm import library_comm
+from ..reduction import OPS, use_kernels
+from ..threads import limit_threads
+from . import fit as cost
+from . import output
+from .plot import have_matplotlib, plot
+from .sweep import available, ratios, sweep
+from .timing import MAX_BATCH, SAMPLE_SECONDS
+from .tune import crossovers
+
+PROG = "python -m allreduce_kit.bench"
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_bytes(text: str) -> int:
+    """``4``, ``64K``, ``16M``, ``1G`` (powers of 1024; a trailing ``B`` or ``iB`` is allowed)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if not match or int(match.group(1)) <= 0:
+        raise ValueError(f"{text!r} is not a positive size such as 4, 64K, 16M or 1G")
+    return int(match.group(1)) * _UNITS[match.group(2).upper()]
+
+
+def human(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def message_sizes(low: int, high: int, factor: int, itemsize: int) -> List[int]:
+    """low, low*f, ... up to high, each rounded down to whole elements (at least one)."""
+    sizes, size = [], low
+    while size <= high:
+        sizes.append(max(itemsize, size // itemsize * itemsize))
+        size *= factor
+    return sorted(set(sizes))
+
+
+def build_parser() -> RankZeroParser:
+    names = available()
+    parser = RankZeroParser(prog=PROG, description="Allreduce algorithms side by side with MPI's own Allreduce, in "
+                            "nccl-tests' table layout; time is the slowest rank's per call (median over samples).",
+                            epilog="Algorithms: " + ", ".join(names) + ". Run under mpiexec; output on rank 0.")
+    parser.add_argument("-b", "--minbytes", default="4", help="smallest message, bytes per rank (K, M, G suffixes)")
+    parser.add_argument("-e", "--maxbytes", default="64M", help="largest message, bytes per rank")
+    parser.add_argument("-f", "--stepfactor", type=int, default=2, help="multiply the size by this between rows")
+    parser.add_argument("-n", "--iters", type=int, default=20,
+                        help="timed samples per row (the median is reported)")
+    parser.add_argument("-w", "--warmup_iters", type=int, default=5, help="untimed calls before the timed ones")
+    parser.add_argument("-d", "--datatype", default="float32", choices=[d.name for d in kernels.DTYPES],
+                        help="element type")
+    parser.add_argument("-o", "--op", default="sum", choices=OPS, help="reduction operation")
+    parser.add_argument("-a", "--algorithms", default="all",
+                        help="comma-separated names, or 'all' (every registered algorithm, auto and mpi)")
+    parser.add_argument("--batch", type=int, default=0,
+                        help=f"calls per timed sample; 0: as many as the warm-up says fit in {SAMPLE_SECONDS * 1e3:g} ms "
+                             f"(1 to {MAX_BATCH})")
+    parser.add_argument("--kernel", default="numba", choices=("numba", "numpy"),
+                        help="do the reduction step with the numba kernels or plain numpy")
+    parser.add_argument("--json", metavar="PATH", help="write the preamble, every row and the ratios as JSON")
+    parser.add_argument("--csv", metavar="PATH", help="write every row as CSV")
+    parser.add_argument("--plot", metavar="PATH.png", help="plot busbw and time against size (needs matplotlib)")
+    parser.add_argument("--tune", metavar="PATH", nargs="?", const=str(selection.default_path()),
+                        help=f"write auto's crossover points for this rank count to PATH (default: "
+                             f"{selection.default_path()}; auto reads $ALLREDUCE_KIT_TUNING if set)")
+    parser.add_argument("--fit", metavar="JSON", nargs="*",
+                        help="fit the alpha-beta-gamma model by least squares: to this run's rows, or, given "
+                             "files written by --json, to theirs (no measuring then)")
+    return parser
+
+
+def check_args(parser: RankZeroParser, args) -> None:
+    """Every rank reaches the same verdict; ``parser.error`` exits 2 with one message."""
+    try:
+        args.low, args.high = parse_bytes(args.minbytes), parse_bytes(args.maxbytes)
+    except ValueError as error:
+        parser.error(f"-b/-e: {error}")
+    if args.low > args.high:
+        parser.error(f"-b/--minbytes ({args.minbytes}) is larger than -e/--maxbytes ({args.maxbytes})")
+    if args.stepfactor < 2:
+        parser.error(f"-f/--stepfactor must be at least 2, got {args.stepfactor}")
+    if args.iters < 1:
+        parser.error(f"-n/--iters must be at least 1, got {args.iters}")
+    if args.warmup_iters < 0:
+        parser.error(f"-w/--warmup_iters must be at least 0, got {args.warmup_iters}")
+    if args.warmup_iters < 1 and not args.batch:
+        parser.error("-w/--warmup_iters 0 needs a fixed --batch (the warm-up sets the batch otherwise)")
+    if args.batch < 0:
+        parser.error(f"--batch must be 0 (automatic) or positive, got {args.batch}")
+    names = available()
+    if args.algorithms == "all":
+        args.names = [n for n in names if not (args.tune and n == "auto")]
+    else:
+        args.names = [n.strip() for n in args.algorithms.split(",") if n.strip()]
+        unknown = [n for n in args.names if n not in names]
+        if unknown or not args.names:
+            parser.error(f"-a/--algorithms: unknown {', '.join(map(repr, unknown)) or 'empty list'}; "
+                         f"choose from {', '.join(names)} or 'all'")
+        args.names = list(dict.fromkeys(args.names))
+    if args.tune and not [n for n in args.names if n not in ("auto", "mpi")]:
+        parser.error("--tune: -a must name at least one of our algorithms (auto and mpi are not chosen from)")
+    if args.plot and not have_matplotlib():
+        parser.error("--plot needs matplotlib: pip install 'allreduce_kit[plot]'")
+
+
+def agree(comm: MPI.Intracomm, problem: Optional[str]) -> None:
+    """Rank 0's verdict on something only it checked; every rank exits 2 if it found a problem."""
+    problem = comm.bcast(problem, root=0)
+    if problem:
+        say(f"{PROG}: error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def fit_files(comm: MPI.Intracomm, args) -> int:
+    """``--fit a.json b.json``: fit the model to rows measured earlier."""
+    rows, problem = [], None
+    if comm.Get_rank() == 0:
+        for path in args.fit:
+            try:
+                with open(path, encoding="utf-8") as handle:
+                    rows.extend(json.load(handle)["rows"])
+            except (OSError, ValueError, KeyError, TypeError) as error:
+                problem = f"--fit: cannot read rows from {path}: {error}"
+                break
+    agree(comm, problem)
+    if comm.Get_rank() == 0:
+        report_fit(rows, args)
+    return 0
+
+
+def report_fit(rows: List[dict], args) -> dict:
+    """Fit, print the parameters and predicted beside measured; add both to the --json file."""
+    try:
+        params = cost.fit(cost.points_from(rows))
+    except ValueError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        raise SystemExit(2)
+    print("#\n# alpha-beta-gamma fit (least squares on relative error, all rank counts together):")
+    print("# " + cost.describe(params))
+    per_p = {}
+    for p in sorted({r["ranks"] for r in rows}):
+        try:
+            per_p[p] = cost.fit(cost.points_from([r for r in rows if r["ranks"] == p]))
+            print(f"#   p = {p} alone: " + cost.describe(per_p[p]))
+        except ValueError:
+            pass
+    print("#\n# predicted beside measured, median time per call (each rank count's own fit; "
+          "--json also has the joint fit's):")
+    for p in sorted(per_p):
+        for line in cost.comparison(per_p[p], [r for r in rows if r["ranks"] == p])[(0 if p == min(per_p) else 1):]:
+            print(line)
+    result = {"fit": params, "fit_per_ranks": {str(p): v for p, v in per_p.items()},
+              "predicted": [dict(ranks=r["ranks"], size=r["size"], algorithm=r["algorithm"], measured_us=r["time_us"],
+                                 predicted_us=cost.predict(per_p.get(r["ranks"], params), r["algorithm"], r["ranks"],
+                                                           r["size"]) * 1e6,
+                                 predicted_joint_us=cost.predict(params, r["algorithm"], r["ranks"], r["size"]) * 1e6)
+                            for r in rows if r["algorithm"] in cost.MODELLED]}
+    if args.json and args.fit:
+        write_json(args.json, result)
+    return result
+
+
+def preamble(comm: MPI.Intracomm, args, threads: int, auto_source: str) -> dict:
+    hosts = sorted(set(comm.allgather(MPI.Get_processor_name() or socket.gethostname())))
+    p = comm.Get_size()
+    info = {
+        "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
+        "mpi4py": __import__("mpi4py").__version__,
+        "ranks": p, "hosts": hosts, "numba_threads_per_rank": threads, "kernel": args.kernel,
+        "dtype": args.datatype, "op": args.op, "min_bytes": args.low, "max_bytes": args.high,
+        "step_factor": args.stepfactor, "warmup": args.warmup_iters, "samples": args.iters,
+        "batch": args.batch or f"auto: calls fitting in {SAMPLE_SECONDS * 1e3:g} ms at warm-up pace, 1..{MAX_BATCH}", "algorithms": args.names,
+        "auto_table": auto_source,
+        "timing": "per sample: restore input (untimed), barrier, then batch back-to-back calls; time per call = "
+                  "slowest rank's; median, min and max over samples",
+    }
+    say(f"# {PROG}: allreduce, {p} ranks on {len(hosts)} host(s) ({', '.join(hosts)})")
+    say(f"# MPI: {info['mpi_library']} (mpi4py {info['mpi4py']})")
+    say(f"# dtype {args.datatype}, op {args.op}, {human(args.low)} to {human(args.high)} x{args.stepfactor}; "
+        f"reduction kernels: {args.kernel}, {threads} thread(s) per rank")
+    say(f"# {args.warmup_iters} warm-up calls, then {args.iters} timed samples per row; a sample is a barrier and "
+        f"then {'%d calls' % args.batch if args.batch else f'as many calls as fit in {SAMPLE_SECONDS * 1e3:g} ms at the warm-up pace (1..{MAX_BATCH}; --json has each)'}"
+        f" back to back")
+    say("# time = the slowest rank's time per call: median, min and max over samples. algbw = size / time, "
+        "busbw = algbw * 2(p-1)/p")
+    say("# #wrong = elements differing from MPI's Allreduce (summed over ranks); mpi = mpi4py's Allreduce called "
+        f"directly; the others go through allreduce(); auto's table: {auto_source}")
+    say("#")
+    return info
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    comm = MPI.COMM_WORLD
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.fit:
+        args.names, args.low, args.high = [], 0, 0
+        if args.tune:
+            parser.error("--fit with files only reads them; --tune measures: use one at a time")
+        return fit_files(comm, args)
+    check_args(parser, args)
+    problem = None
+    if comm.Get_rank() == 0:
+        for flag in ("json", "csv", "plot"):  # fail now, not after an hour of measuring
+            path = getattr(args, flag)
+            if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+                problem = f"--{flag}: the folder of {path} does not exist"
+        try:  # a bad tuning file named by the environment is an input error, not a crash
+            selection.load()
+        except ValueError as error:
+            problem = problem or f"auto: {error}"
+    agree(comm, problem)
+
+    dtype = np.dtype(args.datatype)
+    sizes = message_sizes(args.low, args.high, args.stepfactor, dtype.itemsize)
+    threads = limit_threads(comm)
+    if args.kernel == "numpy":
+        from . import numpy_kernels
+        use_kernels(numpy_kernels)
+    kernels.warm_up([dtype])
+    lib = library_comm(comm)
+    info = preamble(comm, args, threads, selection.source_for(lib))
+    say(output.header())
+    rows = sweep(comm, sizes, dtype, args.op, args.names, args.iters, args.warmup_iters, args.batch,
+                 on_row=lambda row: say(output.line(row)))
+    table = ratios(rows)
+    say(output.summary(table))
+
+    payload = {"preamble": info, "rows": [r.as_dict() for r in rows],
+               "ratios": {str(s): v for s, v in table.items()}}
+    if args.tune:
+        rules = crossovers(rows)
+        if comm.Get_rank() == 0:
+            note = {"mpi_library": info["mpi_library"], "hosts": info["hosts"], "dtype": args.datatype,
+                    "op": args.op, "sizes": [sizes[0], sizes[-1]], "samples": args.iters}
+            selection.write(args.tune, comm.Get_size(), rules, note)
+        say(f"#\n# auto's crossover points for {comm.Get_size()} ranks, written to {args.tune}:")
+        for start, name in rules:
+            say(f"#   from {human(start):>8}: {name}")
+        payload["tune"] = {"path": args.tune, "ranks": comm.Get_size(), "rules": rules}
+    if comm.Get_rank() == 0:
+        if args.fit is not None:
+            payload.update(report_fit(payload["rows"], args))
+        if args.json:
+            write_json(args.json, payload)
+        if args.csv:
+            output.write_csv(args.csv, rows)
+        if args.plot:
+            plot(args.plot, rows, f"allreduce, {comm.Get_size()} ranks, {args.datatype} {args.op} "
+                                  f"({info['mpi_library'][:40]})")
+    comm.Barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""The bench's outputs: the nccl-tests-style table (rank 0's stdout), CSV and JSON."""
+import csv
+from typing import Dict, Sequence
+
+from .sweep import Row
+
+COLUMNS = ("size(B)", "count", "type", "op", "algorithm", "time(us)", "min", "max", "algbw(GB/s)", "busbw(GB/s)",
+           "#wrong")
+
+
+def header() -> str:
+    return (f"#{'size(B)':>12} {'count':>10} {'type':>8} {'op':>5} {'algorithm':>24} | {'time(us)':>10} {'min':>10} "
+            f"{'max':>10} | {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} | {'#wrong':>6}")
+
+
+def label(row: Row) -> str:
+    """``auto`` shows what it chose: ``auto(ring)``."""
+    return f"auto({row.chosen})" if row.algorithm == "auto" else row.algorithm
+
+
+def line(row: Row) -> str:
+    return (f" {row.size:>12} {row.count:>10} {row.dtype:>8} {row.op:>5} {label(row):>24} | {row.time_us:>10.2f} "
+            f"{row.min_us:>10.2f} {row.max_us:>10.2f} | {row.algbw:>11.3f} {row.busbw:>11.3f} | {row.wrong:>6}")
+
+
+def summary(ratios: Dict[int, dict]) -> str:
+    """Per size: the fastest of ours, and ratios of median times (lower is better for us)."""
+    lines = ["#", "# Ratios of median times, same run (below 1: faster than MPI's own Allreduce)",
+             f"#{'size(B)':>12} {'best of ours':>20} {'best/mpi':>9} {'auto/best':>10} {'auto/mpi':>9}"]
+    for size in sorted(ratios):
+        r = ratios[size]
+
+        def fmt(key: str) -> str:
+            return f"{r[key]:.2f}x" if key in r else "-"
+
+        lines.append(f"#{size:>12} {r.get('best', '-'):>20} {fmt('best_vs_mpi'):>9} {fmt('auto_vs_best'):>10} "
+                     f"{fmt('auto_vs_mpi'):>9}")
+    return "\n".join(lines)
+
+
+def write_csv(path: str, rows: Sequence[Row]) -> None:
+    """One row per table line, the table's columns plus the ones the table leaves out."""
+    fields = list(Row.__dataclass_fields__)
+    with open(path, "w", newline="", encoding="utf-8") as out:
+        writer = csv.DictWriter(out, fieldnames=fields)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(row.as_dict())

@@ -1,0 +1,49 @@
+"""The timed loop, kept free of the bench's own work.
+
+Each sample of each algorithm: restore the input (untimed), a barrier, then ``batch``
+back-to-back calls timed with ``perf_counter`` on every rank; the sample's time per call is
+the slowest rank's. The algorithms of one message size take turns sample by sample, so a burst
+of load from elsewhere on the machine hits them all alike and their ratios stay fair. Buffers
+exist and kernels are compiled before the first timed call (warm-up calls run first).
+
+``batch`` comes from the warm-up: as many calls as fit in ``SAMPLE_SECONDS`` at the slowest
+rank's warm-up pace (1 to ``MAX_BATCH``), unless ``--batch`` fixes it. Batching keeps a
+microsecond call from drowning in timer and barrier noise; one call per sample suffices for
+long ones.
+"""
+from time import perf_counter
+from typing import Callable, Dict, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+SAMPLE_SECONDS = 1e-3
+MAX_BATCH = 64
+
+
+def time_calls(calls: Dict[str, Callable[[], object]], restore: Callable[[], object], comm: MPI.Intracomm,
+               samples: int, warmup: int, batch: int = 0) -> Tuple[Dict[str, np.ndarray], Dict[str, int]]:
+    """Seconds per call for each sample of each call (the slowest rank's, the same on every
+    rank), and the batch each was timed with."""
+    paces = np.zeros(len(calls))
+    for j, call in enumerate(calls.values()):
+        restore()
+        start = perf_counter()
+        for _ in range(warmup):
+            call()
+        paces[j] = (perf_counter() - start) / max(warmup, 1)
+    comm.Allreduce(MPI.IN_PLACE, paces, op=MPI.MAX)
+    batches = [batch if batch > 0 else int(max(1, min(MAX_BATCH, SAMPLE_SECONDS / max(pace, 1e-9))))
+               for pace in paces]
+    times = np.empty((len(calls), samples))
+    for i in range(samples):
+        for j, call in enumerate(calls.values()):
+            loop = range(batches[j])
+            restore()
+            comm.Barrier()
+            start = perf_counter()
+            for _ in loop:
+                call()
+            times[j, i] = (perf_counter() - start) / batches[j]
+    comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+    return dict(zip(calls, times)), dict(zip(calls, batches))

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Re-make every measurement quoted in docs/performance.md, on this machine, into OUTDIR.
+#
+#   docs/bench.sh [OUTDIR] [STEP...]      STEP: tune sweep numpy repeat fit (default: all, in that order)
+#
+# Run from the repository root with the venv built as the README says (or set PYTHON and
+# MPIEXEC). Takes 30-60 minutes on the 2-core machine; run it when nothing else is running,
+# since every rank count above 2 shares the two cores.
+set -euo pipefail
+OUT=${1:-docs/results}
+shift || true
+STEPS=${*:-tune sweep numpy repeat fit}
+PY=${PYTHON:-.venv/bin/python}
+MPIEXEC=${MPIEXEC:-.venv/bin/mpiexec}
+RANKS=${RANKS:-2 4 8}
+BENCH="$PY -m allreduce_kit.bench"
+mkdir -p "$OUT"
+
+for step in $STEPS; do
+  case $step in
+  tune)    # crossover points for auto -> OUTDIR/tuning.json (copy the rules into selection.BUILTIN)
+    rm -f "$OUT/tuning.json"  # rules for each p are added in turn
+    for p in $RANKS; do
+      $MPIEXEC -n "$p" $BENCH -b 4 -e 64M -f 2 -n 6 -w 2 -a naive,tree,ring,recursive_doubling,rabenseifner,mpi \
+        --tune "$OUT/tuning.json" --json "$OUT/tune-p$p.json" | tee "$OUT/tune-p$p.txt"
+    done ;;
+  sweep)   # the tables and plots: float32 sum, 4 B to 64 MiB, every algorithm, auto on the built-in table
+    for p in $RANKS; do
+      ALLREDUCE_KIT_TUNING=builtin $MPIEXEC -n "$p" $BENCH -b 4 -e 64M -f 2 -n 10 -w 2 \
+        --json "$OUT/p$p.json" --csv "$OUT/p$p.csv" --plot "$OUT/p$p.png" | tee "$OUT/p$p.txt"
+    done ;;
+  numpy)   # what the numba kernel buys: the same large messages with the reduction step in numpy
+    for p in $RANKS; do
+      for kernel in numba numpy; do
+        $MPIEXEC -n "$p" $BENCH -b 1M -e 64M -f 4 -n 10 -w 2 -a ring,rabenseifner,mpi --kernel $kernel \
+          --json "$OUT/kernel-$kernel-p$p.json" | tee "$OUT/kernel-$kernel-p$p.txt"
+      done
+    done ;;
+  repeat)  # the target sizes again, three times each, for medians and ranges
+    for rep in 1 2 3; do
+      for p in $RANKS; do
+        ALLREDUCE_KIT_TUNING=builtin $MPIEXEC -n "$p" $BENCH -b 8 -e 1K -f 2 -n 20 -w 5 \
+          --json "$OUT/small-p$p-r$rep.json" > "$OUT/small-p$p-r$rep.txt"
+        ALLREDUCE_KIT_TUNING=builtin $MPIEXEC -n "$p" $BENCH -b 16M -e 64M -f 4 -n 10 -w 2 \
+          -a ring,rabenseifner,auto,mpi --json "$OUT/large-p$p-r$rep.json" > "$OUT/large-p$p-r$rep.txt"
+      done
+    done
+    $PY docs/summarize.py "$OUT" | tee "$OUT/summary.md" ;;
+  fit)     # alpha, beta, gamma from the sweeps, predicted beside measured
+    $BENCH --fit $(for p in $RANKS; do echo "$OUT/p$p.json"; done) --json "$OUT/fit.json" | tee "$OUT/fit.txt" ;;
+  *) echo "unknown step $step" >&2; exit 2 ;;
+  esac
+done

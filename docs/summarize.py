@@ -1,0 +1,155 @@
+"""Summarise docs/bench.sh's JSON files as the Markdown tables in docs/performance.md.
+
+    python docs/summarize.py [RESULTS_DIR]
+
+Every ratio is of median times measured side by side in one bench run; over repeated runs the
+median ratio is shown with its range (min-max).
+"""
+import glob
+import json
+import os
+import statistics
+import sys
+from collections import defaultdict
+
+OURS = ("naive", "tree", "ring", "recursive_doubling", "rabenseifner")
+
+
+def load(path):
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def by_size(rows):
+    table = defaultdict(dict)
+    for row in rows:
+        table[row["size"]][row["algorithm"]] = row
+    return table
+
+
+def human(n):
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def spread(values):
+    values = sorted(values)
+    if not values:
+        return "-"
+    mid = statistics.median(values)
+    return f"{mid:.2f}x" if len(values) == 1 else f"{mid:.2f}x ({values[0]:.2f}-{values[-1]:.2f})"
+
+
+def repeated(out, kind, p, metric):
+    """metric(size_table) -> {size: ratio} per run; combine runs per size."""
+    per_size = defaultdict(list)
+    for path in sorted(glob.glob(os.path.join(out, f"{kind}-p{p}-r*.json"))):
+        for size, value in metric(by_size(load(path)["rows"])).items():
+            if value is not None:
+                per_size[size].append(value)
+    return per_size
+
+
+def best_ours(named):
+    ours = [r for n, r in named.items() if n in OURS]
+    return min(ours, key=lambda r: r["time_us"]) if ours else None
+
+
+def main(out="docs/results", fit_name="fit.json"):
+    ranks = sorted({int(os.path.basename(p).split("-p")[1].split("-")[0])
+                    for p in glob.glob(os.path.join(out, "small-p*-r*.json"))})
+    print("### Targets, repeated runs (median ratio over runs, range in brackets)\n")
+    print("| p | size | best of ours / mpi | which | ring / mpi | rabenseifner / mpi | auto / best of ours | auto / mpi |")
+    print("|---|---|---|---|---|---|---|---|")
+    for p in ranks:
+        for kind in ("small", "large"):
+            def metric_best(t):
+                return {s: best_ours(n)["time_us"] / n["mpi"]["time_us"] for s, n in t.items() if best_ours(n)}
+
+            def metric(name):
+                return lambda t: {s: n[name]["time_us"] / n["mpi"]["time_us"] for s, n in t.items() if name in n}
+
+            def metric_auto_best(t):
+                return {s: n["auto"]["time_us"] / best_ours(n)["time_us"] for s, n in t.items()
+                        if "auto" in n and best_ours(n)}
+
+            winners = defaultdict(list)
+            for path in sorted(glob.glob(os.path.join(out, f"{kind}-p{p}-r*.json"))):
+                for s, n in by_size(load(path)["rows"]).items():
+                    if best_ours(n):
+                        winners[s].append(best_ours(n)["algorithm"])
+            cols = [repeated(out, kind, p, m) for m in (metric_best, metric("ring"), metric("rabenseifner"),
+                                                         metric_auto_best, metric("auto"))]
+            for size in sorted(cols[0]):
+                which = "/".join(sorted(set(winners[size])))
+                print(f"| {p} | {human(size)} | " + " | ".join(
+                    [spread(cols[0][size]), which] + [spread(c.get(size, [])) for c in cols[1:]]) + " |")
+
+    print("\n### auto over the whole sweep (one run per p, every size from 4 B to 64 MiB)\n")
+    print("| p | worst auto / best of ours (size) | worst auto / mpi (size) | sizes where auto > 1.1x best | "
+          "sizes where auto > 1.3x mpi |")
+    print("|---|---|---|---|---|")
+    for path in sorted(glob.glob(os.path.join(out, "p[0-9]*.json")), key=lambda x: int(x.split("/p")[-1][:-5])):
+        data = load(path)
+        p = data["preamble"]["ranks"]
+        t = by_size(data["rows"])
+        vs_best = {s: n["auto"]["time_us"] / best_ours(n)["time_us"] for s, n in t.items() if "auto" in n}
+        vs_mpi = {s: n["auto"]["time_us"] / n["mpi"]["time_us"] for s, n in t.items() if "auto" in n and "mpi" in n}
+        if not vs_best:
+            continue
+        wb, wm = max(vs_best, key=vs_best.get), max(vs_mpi, key=vs_mpi.get)
+        over_b = ", ".join(human(s) for s in sorted(vs_best) if vs_best[s] > 1.1) or "none"
+        over_m = ", ".join(human(s) for s in sorted(vs_mpi) if vs_mpi[s] > 1.3) or "none"
+        print(f"| {p} | {vs_best[wb]:.2f}x ({human(wb)}) | {vs_mpi[wm]:.2f}x ({human(wm)}) | {over_b} | {over_m} |")
+
+    print("\n### What the numba kernel buys (same sizes, reduction step in numba vs numpy; median time, ms)\n")
+    print("| p | size | ring numba | ring numpy | rabenseifner numba | rabenseifner numpy | mpi (numba run) |")
+    print("|---|---|---|---|---|---|---|")
+    for p in ranks:
+        try:
+            nb = by_size(load(os.path.join(out, f"kernel-numba-p{p}.json"))["rows"])
+            npy = by_size(load(os.path.join(out, f"kernel-numpy-p{p}.json"))["rows"])
+        except OSError:
+            continue
+        for size in sorted(nb):
+            cells = []
+            for name in ("ring", "rabenseifner"):
+                cells += [f"{nb[size][name]['time_us'] / 1e3:.2f}", f"{npy[size][name]['time_us'] / 1e3:.2f}"]
+            print(f"| {p} | {human(size)} | " + " | ".join(cells) + f" | {nb[size]['mpi']['time_us'] / 1e3:.2f} |")
+
+    fit_path = os.path.join(out, fit_name)
+    if os.path.exists(fit_path):
+        fitted = load(fit_path)
+        f = fitted["fit"]
+        print("\n### The fit (all rank counts together)\n")
+        print(f"alpha = {f['alpha'] * 1e6:.2f} us, beta = {f['beta'] * 1e9:.4f} ns/B "
+              f"({1 / f['beta'] / 1e9 if f['beta'] else float('inf'):.2f} GB/s), gamma = {f['gamma'] * 1e9:.4f} ns/B "
+              f"({1 / f['gamma'] / 1e9 if f['gamma'] else float('inf'):.2f} GB/s); median |relative error| "
+              f"{f['median_abs_rel_error']:.0%} over {f['points']} rows.\n")
+        print("| p alone | alpha (us) | beta (ns/B) | gamma (ns/B) | median abs. rel. error |")
+        print("|---|---|---|---|---|")
+        for p, g in sorted(fitted["fit_per_ranks"].items(), key=lambda kv: int(kv[0])):
+            print(f"| {p} | {g['alpha'] * 1e6:.2f} | {g['beta'] * 1e9:.4f} | {g['gamma'] * 1e9:.4f} | "
+                  f"{g['median_abs_rel_error']:.0%} |")
+        shown = (8, 1024, 65536, 1 << 20, 16 << 20, 64 << 20)
+        print("\n### Predicted (each rank count's own fit) beside measured, median time per call in microseconds\n")
+        names = ("naive", "tree", "ring", "recursive_doubling", "rabenseifner")
+        print("| p | size | " + " | ".join(f"{n} meas. / pred." for n in names) + " |")
+        print("|---|---|" + "---|" * len(names))
+        table = defaultdict(dict)
+        for r in fitted["predicted"]:
+            table[(r["ranks"], r["size"])][r["algorithm"]] = r
+        for (p, size) in sorted(table):
+            if size not in shown:
+                continue
+            cells = []
+            for n in names:
+                r = table[(p, size)].get(n)
+                cells.append(f"{r['measured_us']:.0f} / {r['predicted_us']:.0f}" if r else "-")
+            print(f"| {p} | {human(size)} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

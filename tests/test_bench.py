@@ -1,0 +1,137 @@
+"""``python -m allreduce_kit.bench`` as a user runs it: under mpiexec, small sizes, few samples.
+
+The bench's speed claims live in docs/performance.md; these tests check what it prints and
+writes, that every algorithm agrees with MPI (``#wrong`` is 0), and that bad options fail once,
+cleanly, with status 2.
+"""
+import csv
+import json
+
+import pytest
+
+from allreduce_kit import selection
+from allreduce_kit.bench.sweep import available
+
+BENCH = ["-m", "allreduce_kit.bench"]
+QUICK = ["-n", "2", "-w", "1"]
+COLUMNS = ("size(B)", "count", "type", "op", "algorithm", "time(us)", "min", "max", "algbw(GB/s)", "busbw(GB/s)",
+           "#wrong")
+
+
+def table_rows(stdout: str):
+    """The table's data lines: rank 0's only, split into fields (the '|' separators dropped)."""
+    return [[f for f in line.split() if f != "|"] for line in stdout.splitlines()
+            if line.strip() and not line.startswith("#")]
+
+
+def ok(result):
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    return result
+
+
+def test_table_json_and_csv_at_three_ranks(mpirun, tmp_path):
+    """Three ranks (not a power of two): every algorithm, every size, nothing wrong, one table."""
+    out_json, out_csv = tmp_path / "r.json", tmp_path / "r.csv"
+    result = ok(mpirun(3, BENCH + ["-b", "4", "-e", "64K", "-f", "64", *QUICK, "--json", out_json, "--csv", out_csv],
+                       timeout=240))
+    header = [line for line in result.stdout.splitlines() if "size(B)" in line and "algorithm" in line]
+    assert len(header) == 1, "one table, printed by rank 0 only"
+    assert [c for c in header[0].lstrip("#").split() if c != "|"] == list(COLUMNS)
+    assert "3 ranks" in result.stdout and "MPI:" in result.stdout
+    rows = table_rows(result.stdout)
+    sizes = [4, 256, 16384]
+    assert len(rows) == len(sizes) * len(available())
+    for fields in rows:
+        assert len(fields) == len(COLUMNS), fields
+        assert fields[2] == "float32" and fields[3] == "sum"
+        assert int(fields[-1]) == 0, f"#wrong must be 0: {fields}"
+        assert float(fields[5]) > 0 and float(fields[6]) <= float(fields[5]) <= float(fields[7])
+    assert any(f[4].startswith("auto(") for f in rows), "auto shows what it chose"
+    assert "best/mpi" in result.stdout
+
+    payload = json.loads(out_json.read_text())
+    assert payload["preamble"]["ranks"] == 3
+    assert {r["algorithm"] for r in payload["rows"]} == set(available())
+    assert sorted({r["size"] for r in payload["rows"]}) == sizes
+    assert all(r["wrong"] == 0 and r["ranks"] == 3 for r in payload["rows"])
+    for r in payload["rows"]:
+        assert r["busbw"] == pytest.approx(r["algbw"] * 2 * 2 / 3)
+        assert r["algbw"] == pytest.approx(r["size"] / r["time_us"] / 1e3)
+    with open(out_csv, newline="") as handle:
+        assert len(list(csv.DictReader(handle))) == len(payload["rows"])
+
+
+def test_numpy_kernels_mean_of_integers_is_right(mpirun):
+    """``--kernel numpy`` swaps the reduction step; a mean of int32 (truncating) still matches MPI."""
+    result = ok(mpirun(2, BENCH + ["-b", "64", "-e", "4K", "-f", "64", "-d", "int32", "-o", "mean", "--kernel", "numpy",
+                                   "-a", "ring,rabenseifner,recursive_doubling,mpi", *QUICK], timeout=180))
+    assert "reduction kernels: numpy" in result.stdout
+    rows = table_rows(result.stdout)
+    assert len(rows) == 2 * 4 and all(r[2] == "int32" and r[3] == "mean" and r[-1] == "0" for r in rows)
+
+
+def test_tune_writes_a_file_that_auto_then_reads(mpirun, tmp_path):
+    tuning, out = tmp_path / "tuning.json", tmp_path / "auto.json"
+    ok(mpirun(2, BENCH + ["-b", "4", "-e", "1M", "-f", "32", *QUICK, "-a", "recursive_doubling,ring,tree",
+                          "--tune", tuning], timeout=240))
+    table = selection.parse(json.loads(tuning.read_text()))
+    assert list(table) == [2] and table[2][0][0] == 0
+    assert {name for _, name in table[2]} <= {"recursive_doubling", "ring", "tree"}
+
+    result = ok(mpirun(2, BENCH + ["-b", "4", "-e", "1M", "-f", "32", *QUICK, "-a", "auto", "--json", out],
+                       env={selection.ENV: str(tuning)}, timeout=180))
+    payload = json.loads(out.read_text())
+    assert payload["preamble"]["auto_table"] == str(tuning)
+    for row in payload["rows"]:
+        assert row["chosen"] == selection.choose(row["size"], 2, table), row
+
+
+def test_auto_follows_a_hand_written_tuning_file(mpirun, tmp_path):
+    """A file that says 'tree below 1 KiB, naive from there' is obeyed, size by size."""
+    tuning = tmp_path / "mine.json"
+    tuning.write_text(json.dumps({"format": 1, "rules": {"2": [[0, "tree"], [1024, "naive"]]}}))
+    result = ok(mpirun(2, BENCH + ["-b", "256", "-e", "4K", "-f", "4", *QUICK, "-a", "auto"],
+                       env={selection.ENV: str(tuning)}, timeout=120))
+    chosen = {int(r[0]): r[4] for r in table_rows(result.stdout)}
+    assert chosen == {256: "auto(tree)", 1024: "auto(naive)", 4096: "auto(naive)"}
+
+
+def test_fit_prints_parameters_from_a_run_and_from_files(mpirun, tmp_path):
+    out = tmp_path / "p2.json"
+    result = ok(mpirun(2, BENCH + ["-b", "8", "-e", "256K", "-f", "8", *QUICK, "-a", "recursive_doubling,ring,tree",
+                                   "--json", out, "--fit"], timeout=180))
+    assert "alpha =" in result.stdout and "beta =" in result.stdout and "gamma =" in result.stdout
+    assert json.loads(out.read_text())["fit"]["points"] == 6 * 3  # 8 B to 256 KiB by 8: six sizes
+
+    fitted = tmp_path / "fit.json"
+    result = ok(mpirun(1, BENCH + ["--fit", out, "--json", fitted], timeout=120))
+    assert result.stdout.count("alpha =") == 2  # the joint fit and p = 2 alone
+    assert "predicted" in result.stdout
+    params = json.loads(fitted.read_text())
+    assert {"alpha", "beta", "gamma"} <= set(params["fit"]) and len(params["predicted"]) == 18
+
+
+@pytest.mark.parametrize("bad, words", [
+    (["-b", "1M", "-e", "4"], "-b/--minbytes"),
+    (["-b", "lots"], "-b/-e"),
+    (["-f", "1"], "-f/--stepfactor"),
+    (["-n", "0"], "-n/--iters"),
+    (["-a", "ring,bogus"], "'bogus'"),
+    (["-d", "float16"], "-d/--datatype"),
+    (["--fit", "/nonexistent/rows.json"], "/nonexistent/rows.json"),
+    (["--json", "/nonexistent/out.json"], "--json"),
+    (["-a", "auto,mpi", "--tune", "/tmp/never-written.json"], "--tune"),
+])
+def test_bad_options_exit_2_with_one_message(mpirun, bad, words):
+    result = mpirun(2, BENCH + bad, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.count("error:") == 1, result.stderr
+    assert words in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_broken_tuning_file_is_an_input_error(mpirun, tmp_path):
+    tuning = tmp_path / "broken.json"
+    tuning.write_text('{"rules": {"2": [[0, "warp_drive"]]}}')
+    result = mpirun(2, BENCH + ["-b", "4", "-e", "4", *QUICK], env={selection.ENV: str(tuning)}, timeout=120)
+    assert result.returncode == 2 and result.stderr.count("error:") == 1 and "warp_drive" in result.stderr
+    assert "Traceback" not in result.stderr

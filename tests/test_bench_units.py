@@ -1,0 +1,87 @@
+"""The bench's pieces that need no MPI job: sizes, crossover points, the cost-model fit, tuning files."""
+import json
+
+import pytest
+
+from allreduce_kit import selection
+from allreduce_kit.bench import fit
+from allreduce_kit.bench.__main__ import message_sizes, parse_bytes
+from allreduce_kit.bench.sweep import Row
+from allreduce_kit.bench.tune import crossovers
+
+
+def row(size, algorithm, time_us, p=4):
+    return Row(size, size // 4, "float32", "sum", algorithm, algorithm, p, time_us, time_us, time_us, 0, 0, 0, 1, 1)
+
+
+def test_sizes_parse_with_binary_suffixes_and_step_by_the_factor():
+    assert parse_bytes("4") == 4 and parse_bytes("64K") == 65536 and parse_bytes("16MiB") == 16 << 20
+    assert parse_bytes("1g") == 1 << 30
+    for bad in ("0", "-4", "4X", ""):
+        with pytest.raises(ValueError):
+            parse_bytes(bad)
+    assert message_sizes(4, 64, 2, 4) == [4, 8, 16, 32, 64]
+    assert message_sizes(1, 16, 4, 8) == [8, 16], "rounded to whole elements, at least one"
+
+
+def test_crossovers_cut_sizes_into_few_runs_and_ignore_a_noisy_row():
+    times = {  # size: (recursive_doubling, ring, tree)
+        8: (10, 30, 20), 64: (11, 31, 22), 512: (14, 35, 9),  # tree wins one row by noise
+        4096: (30, 32, 60), 32768: (90, 40, 120), 1 << 20: (900, 300, 1500), 1 << 22: (4000, 1000, 6000)}
+    rows = [row(s, a, t) for s, ts in times.items() for a, t in zip(("recursive_doubling", "ring", "tree"), ts)]
+    rows.append(row(8, "mpi", 1))  # mpi is never chosen
+    assert crossovers(rows, min_run=2) == [(0, "recursive_doubling"), (32768, "ring")]
+    assert crossovers(rows, max_rules=1) == [(0, "ring")]
+    assert crossovers(rows, min_run=1, max_rules=5) == [(0, "recursive_doubling"), (512, "tree"),
+                                                        (4096, "recursive_doubling"), (32768, "ring")]
+
+
+def test_fit_recovers_the_parameters_that_made_the_times():
+    truth = {"alpha": 3e-6, "beta": 2e-10, "gamma": 5e-10}
+    points = [(a, p, n, fit.predict(truth, a, p, n)) for a in fit.MODELLED for p in (2, 3, 4, 8)
+              for n in (8, 1024, 1 << 16, 1 << 22)]
+    got = fit.fit(points)
+    for key in truth:
+        assert got[key] == pytest.approx(truth[key], rel=1e-6)
+    assert got["max_abs_rel_error"] < 1e-6
+
+
+def test_cost_model_matches_the_textbook_at_a_power_of_two():
+    n, p = 1000.0, 8
+    assert fit.coefficients("ring", p, n) == (14, 2 * 7 / 8 * n, 7 / 8 * n)
+    assert fit.coefficients("rabenseifner", p, n) == (6, 2 * 7 / 8 * n, 7 / 8 * n)
+    assert fit.coefficients("recursive_doubling", p, n) == (3, 3 * n, 3 * n)
+    assert fit.coefficients("tree", p, n) == (6, 6 * n, 3 * n)
+    assert fit.coefficients("recursive_doubling", 5, n) == (2 + 2, 2 * n + 2 * n, 2 * n + n), "5 ranks fold to 4"
+
+
+def test_tuning_files_are_checked_merged_and_chosen_from(tmp_path, monkeypatch):
+    path = tmp_path / "t.json"
+    selection.write(str(path), 2, [(0, "tree"), (4096, "ring")], {})
+    selection.write(str(path), 8, [(0, "recursive_doubling")], {})
+    monkeypatch.setenv(selection.ENV, str(path))
+    table, source = selection.load()
+    assert source == str(path) and set(table) == {2, 8}
+    assert selection.choose(100, 2, table) == "tree" and selection.choose(4096, 2, table) == "ring"
+    assert selection.choose(10, 16, table) == "recursive_doubling", "nearest rank count measured"
+    assert selection.choose(10, 3, table) == "tree"
+    monkeypatch.setenv(selection.ENV, "builtin")
+    assert selection.load()[1] == "builtin"
+    for bad in ({"rules": {"2": [[4, "ring"]]}}, {"rules": {"1": [[0, "ring"]]}}, {"rules": {"2": [[0, "nope"]]}}, []):
+        path.write_text(json.dumps(bad))
+        monkeypatch.setenv(selection.ENV, str(path))
+        with pytest.raises(ValueError, match="tuning file"):
+            selection.load()
+    monkeypatch.setenv(selection.ENV, str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match="missing.json"):
+        selection.load()
+
+
+def test_the_default_tuning_file_follows_xdg_config_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.delenv(selection.ENV, raising=False)
+    assert selection.default_path() == tmp_path / "allreduce_kit" / "tuning.json"
+    assert selection.load()[1] == "builtin", "no file: the built-in table"
+    selection.write(str(selection.default_path()), 4, [(0, "naive")], {})
+    table, source = selection.load()
+    assert source == str(selection.default_path()) and table == {4: ((0, "naive"),)}
