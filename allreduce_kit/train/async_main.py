@@ -19,7 +19,7 @@ from .summary import summary_lines
 from .trainer import Config, load_data
 
 MODES = ("sync", "async-ps")
-ASYNC_ONLY = ("servers", "max_staleness", "inject_fault")
+ASYNC_ONLY = {"servers": 1, "max_staleness": None, "inject_fault": None}     # option: its default
 
 
 def _fault(text: str):
@@ -40,11 +40,11 @@ def add_arguments(parser: RankZeroParser, at_least: Callable) -> None:
     g.add_argument("--mode", choices=MODES, default="sync",
                    help="sync: every step averages all ranks' gradients with allreduce; async-ps: ranks "
                         "0..K-1 are parameter servers, the others workers that pull, compute, push and go on")
-    g.add_argument("--servers", type=at_least(1), default=None, metavar="K",
-                   help="async-ps: parameter servers, the flat parameters sharded across them (default 1)")
+    g.add_argument("--servers", type=at_least(1), default=1, metavar="K",
+                   help="async-ps: parameter servers, the flat parameters sharded across them")
     g.add_argument("--max-staleness", type=at_least(0), default=None, metavar="S",
                    help="async-ps: reject a gradient computed on parameters more than S updates old "
-                        "(stale-synchronous; default: apply every gradient)")
+                        "(stale-synchronous; None: apply every gradient)")
     g.add_argument("--worker-timeout", type=at_least(0.0, float, strict=True), default=Options.worker_timeout,
                    metavar="SEC", help="async-ps: a worker silent this long is reported by the server, "
                                        "which aborts the job")
@@ -55,11 +55,11 @@ def add_arguments(parser: RankZeroParser, at_least: Callable) -> None:
 def problems(args, ranks: int) -> Optional[str]:
     """Option errors of the mode switch (None when all is well)."""
     if args.mode == "sync":
-        for name in ASYNC_ONLY:
-            if getattr(args, name) is not None:
+        for name, default in ASYNC_ONLY.items():
+            if getattr(args, name) != default:
                 return f"argument --{name.replace('_', '-')}: only with --mode async-ps"
         return None
-    servers = args.servers or 1
+    servers = args.servers
     if servers >= ranks:
         return (f"argument --servers: {servers} server(s) leave no worker in a job of {ranks} ranks "
                 f"(async-ps needs at least {servers + 1} ranks)")
@@ -77,7 +77,7 @@ def problems(args, ranks: int) -> Optional[str]:
 def main(args, config: Config, threads: int, yield_note: str, comm: MPI.Intracomm = MPI.COMM_WORLD) -> int:
     """Run async-ps with the parsed ``args``; print and write the report on rank 0. Returns the exit status."""
     ranks = comm.Get_size()
-    options = Options(servers=args.servers or 1, max_staleness=args.max_staleness,
+    options = Options(servers=args.servers, max_staleness=args.max_staleness,
                       worker_timeout=args.worker_timeout, fault=args.inject_fault)
     dataset = load_data(config)
     k = options.servers
