@@ -5,12 +5,12 @@ same keys for ``--mode sync`` and ``--mode async-ps``, see ``allreduce_kit/train
 prints one row per field and one column per run, and with ``--plot`` draws the loss per epoch
 against wall time and against samples seen, every run on the same axes.
 """
-import argparse
 import json
 import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
+from .cli import RankZeroParser, is_root, say
 from .train.summary import FIELDS
 
 
@@ -83,10 +83,9 @@ def plot(path: str, runs: Sequence[Dict[str, Any]], names: Sequence[str]) -> Non
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m allreduce_kit.compare",
+    parser = RankZeroParser(prog="python -m allreduce_kit.compare",
                                      description="Print two or more runs of python -m allreduce_kit.train --json "
-                                                 "side by side (any mode), and optionally plot their loss curves.",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                                 "side by side (any mode), and optionally plot their loss curves.")
     parser.add_argument("runs", nargs="+", metavar="RUN.json", help="files written by allreduce_kit.train --json")
     parser.add_argument("--plot", metavar="PATH.png", default=None,
                         help="draw loss against wall time and against samples seen (needs matplotlib)")
@@ -106,10 +105,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         except ImportError:
             parser.error("argument --plot: matplotlib is not installed; pip install 'allreduce_kit[plot]'")
     names = [os.path.splitext(os.path.basename(p))[0] for p in args.runs]
-    print(table(runs, names), flush=True)
-    if args.plot:
+    say(table(runs, names))
+    if args.plot and is_root():
         plot(args.plot, runs, names)
-        print(f"wrote {args.plot}", flush=True)
+        say(f"wrote {args.plot}")
     return 0
 
 
