@@ -61,7 +61,7 @@ def plot(path: str, runs: Sequence[Dict[str, Any]], names: Sequence[str]) -> Non
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (by_time, by_samples) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (by_time, by_samples) = plt.subplots(1, 2, figsize=(12, 4.5 + 0.3 * len(runs)))
     for run, name in zip(runs, names):
         curve = run["summary"]["curve"]
         label = f"{name} ({run['summary']['mode']}, {run['summary']['ranks']} ranks)"
@@ -74,10 +74,12 @@ def plot(path: str, runs: Sequence[Dict[str, Any]], names: Sequence[str]) -> Non
         ax.set_ylabel("training loss (epoch mean)")
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
     by_time.set_title("loss against wall time")
     by_samples.set_title("loss against samples seen")
-    fig.tight_layout()
+    handles, labels = by_time.get_legend_handles_labels()
+    rows = -(-len(labels) // 2)
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.06 * rows, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
