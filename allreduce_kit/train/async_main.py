@@ -81,8 +81,9 @@ def main(args, config: Config, threads: int, yield_note: str, comm: MPI.Intracom
                       worker_timeout=args.worker_timeout, fault=args.inject_fault)
     dataset = load_data(config)
     k = options.servers
-    say(f"allreduce_kit.train --mode async-ps: {ranks} ranks; parameter server(s) rank(s) 0..{k - 1}, workers "
-        f"{k}..{ranks - 1}; {threads} thread(s) per rank, {yield_note}")
+    servers = "parameter server rank 0" if k == 1 else f"parameter servers ranks 0..{k - 1}"
+    say(f"allreduce_kit.train --mode async-ps: {ranks} ranks; {servers}, workers ranks {k}..{ranks - 1}; "
+        f"{threads} thread(s) per rank, {yield_note}")
     budget = config.epochs * ((len(dataset.y_train) // (ranks - k)) * (ranks - k))
     say(f"data: {dataset.name}, {len(dataset.y_train)} train / {len(dataset.y_test)} test samples; budget "
         f"{config.epochs} epoch(s) = {budget:,} samples" + (f" or {config.max_steps} gradients" if config.max_steps else "")
