@@ -74,7 +74,7 @@ def summary_lines(s: Dict[str, Any]) -> str:
         f"{s['samples']:,} samples in {s['wall_seconds']:.2f} s = {s['samples_per_second']:,.0f} samples/s; "
         f"{s['updates_applied']:,} updates applied, {s['gradients_rejected']:,} gradients rejected; "
         f"staleness mean {s['staleness_mean']:.2f}, max {s['staleness_max']}",
-        f"final train accuracy {_percent(s['train_accuracy'])}, test accuracy {_percent(s['test_accuracy'])}; "
+        f"final accuracy: train {_percent(s['train_accuracy'])}, test {_percent(s['test_accuracy'])}; "
         f"loss per epoch {' '.join(f'{x:.4f}' for x in s['loss_per_epoch'])}",
     ]
     return "\n".join(lines)
