@@ -16,6 +16,9 @@ from ..launch import check_launch
 from ..threads import limit_threads
 from . import report
 from .trainer import Config, NonFiniteError, ResumeError, Trainer
+# -- issue 7: --mode sync|async-ps; the async side lives in async_main.py, the shared summary in summary.py
+from . import async_main
+from .summary import build_summary, summary_lines
 
 DEFAULTS = Config()
 
@@ -109,6 +112,7 @@ def build_parser() -> RankZeroParser:
                    help="save every N steps (0: only at the end), atomically")
     g.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in DIR")
     add_reliability_options(p)
+    async_main.add_arguments(p, _at_least)             # issue 7: --mode, --servers, --max-staleness, ...
     return p
 
 
@@ -202,6 +206,11 @@ def _problems(args, ranks: int) -> Optional[str]:
     return None
 
 
+def _yield_note() -> str:
+    return f"{yield_env.VARIABLE}={os.environ.get(yield_env.VARIABLE, 'unset')}" + (
+        " (set by allreduce_kit: more ranks than cores)" if yield_env.SET_BY_US else "")
+
+
 def config_from(args) -> Config:
     return Config(**{k: getattr(args, k) for k in Config.__dataclass_fields__})
 
@@ -211,12 +220,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
-    problem = comm.bcast(_problems(args, comm.Get_size()) or _reliability_problems(args, comm.Get_size()), root=0)
+    problem = comm.bcast(_problems(args, comm.Get_size()) or _reliability_problems(args, comm.Get_size())
+                         or async_main.problems(args, comm.Get_size()), root=0)
     if problem:
         parser.error(problem)                          # rank 0 prints; every rank exits 2
     threads = limit_threads(comm)
     set_stall_timeout(args.stall_timeout)
     config = config_from(args)
+    if args.mode == "async-ps":                        # issue 7: the parameter-server run
+        return async_main.main(args, config, threads, _yield_note(), comm)
     try:
         trainer = Trainer(config, comm)
     except ResumeError as error:
@@ -224,8 +236,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     ranks = trainer.ranks
     yield_state = os.environ.get(yield_env.VARIABLE, "unset")
-    yield_note = f"{yield_env.VARIABLE}={yield_state}" + (" (set by allreduce_kit: more ranks than cores)"
-                                                         if yield_env.SET_BY_US else "")
+    yield_note = _yield_note()
     d = trainer.data
     say(f"allreduce_kit.train: {ranks} ranks on {len(set(trainer.hosts))} host(s), {threads} thread(s) per rank, {yield_note}")
     say(f"data: {d.name}, {len(d.y_train)} train / {len(d.y_test)} test samples, {d.features} features, "
@@ -299,9 +310,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f" {alone['transfer_ms_p50']:.3f} ms (p10-p90 {alone['transfer_ms_p10']:.3f}-"
                 f"{alone['transfer_ms_p90']:.3f}), ratio {ratio:.3f}; in a bare compute-then-average loop"
                 f" {bare:.3f} ms, ratio {alone['bare_loop_ratio']:.3f}")
-        payload = {"config": config.as_dict(), "threads_per_rank": threads, "heavy_yield": yield_state,
-                   "stall_timeout": args.stall_timeout,
-                   **result, "allreduce_alone": alone}
+        # issue 7: the summary both modes share (summary.py), printed and under "summary" in --json
+        shared = build_summary("sync", ranks, ranks, result["epochs"], result["steps"])
+        say(summary_lines(shared))
+        payload = {"config": {**config.as_dict(), "mode": "sync"}, "threads_per_rank": threads,
+                   "heavy_yield": yield_state, "stall_timeout": args.stall_timeout,
+                   **result, "allreduce_alone": alone, "summary": shared}
         if args.json:
             write_json(args.json, payload)
             say(f"wrote {args.json}")

@@ -18,6 +18,7 @@ from ..params import average_buffer, bucket_bounds, broadcast_parameters
 from . import checkpoint, data
 from .model import MLP
 from .optimizer import SGD, learning_rate
+from .summary import epoch_record
 from .timing import StepTimer, analyse, pause
 
 
@@ -193,19 +194,8 @@ class Trainer:
         sums[4] = len(self.data.y_test[test])
         allreduce(sums, op="sum", comm=self.comm)
         seconds = float(self.comm.bcast(elapsed, root=0))
-        return {
-            "epoch": epoch + 1,
-            "steps": steps,
-            "loss": sums[0] / max(sums[2], 1),
-            "train_accuracy": sums[1] / max(sums[2], 1),
-            "test_accuracy": sums[3] / max(sums[4], 1),
-            "samples": int(sums[2]),
-            "seconds": seconds,
-            "samples_per_second": sums[2] / seconds if seconds > 0 else 0.0,
-            "step_ms": 1e3 * seconds / steps if steps else 0.0,
-            "lr": learning_rate(self.config.lr, self.ranks, self.config.lr_scaling, self.warmup_steps,
-                                max(self.step - 1, 0)),
-        }
+        lr = learning_rate(self.config.lr, self.ranks, self.config.lr_scaling, self.warmup_steps, max(self.step - 1, 0))
+        return epoch_record(epoch, steps, *sums, seconds, lr)
 
     # -- the end ----------------------------------------------------------------------------
     def replicas_identical(self) -> Tuple[bool, str]:

@@ -1,0 +1,126 @@
+"""The ``--mode`` switch of ``python -m allreduce_kit.train`` and the async-ps run's command-line side.
+
+``add_arguments`` adds ``--mode``, ``--servers``, ``--max-staleness``, ``--worker-timeout`` and
+``--inject-fault``; ``problems`` checks them against the job (rank 0's verdict is shared by the
+CLI); ``main`` runs ``async_ps.run`` and prints, on rank 0, the same epoch lines and summary as
+the synchronous trainer plus the staleness table and the shutdown line.
+"""
+import argparse
+import os
+import sys
+from typing import Any, Callable, Dict, Optional
+
+from mpi4py import MPI
+
+from ..cli import RankZeroParser, is_root, say, write_json
+from . import report, staleness
+from .async_ps import Options, run
+from .summary import summary_lines
+from .trainer import Config, load_data
+
+MODES = ("sync", "async-ps")
+ASYNC_ONLY = {"servers": 1, "max_staleness": None, "inject_fault": None}     # option: its default
+
+
+def _fault(text: str):
+    parts = text.split(":")
+    try:
+        rank, after, kind = int(parts[0]), int(parts[1]), parts[2]
+    except (ValueError, IndexError):
+        rank = after = kind = None
+    if len(parts) != 3 or rank is None or rank < 0 or after < 0 or kind not in ("crash", "hang"):
+        raise argparse.ArgumentTypeError(f"expected RANK:N:crash or RANK:N:hang (a worker rank, N >= 0 "
+                                         f"gradients before the fault), got {text!r}")
+    return rank, after, kind
+
+
+def add_arguments(parser: RankZeroParser, at_least: Callable) -> None:
+    """The mode switch and the asynchronous parameter server's options."""
+    g = parser.add_argument_group("mode: synchronous allreduce or asynchronous parameter server (docs/sync-vs-async.md)")
+    g.add_argument("--mode", choices=MODES, default="sync",
+                   help="sync: every step averages all ranks' gradients with allreduce; async-ps: ranks "
+                        "0..K-1 are parameter servers, the others workers that pull, compute, push and go on")
+    g.add_argument("--servers", type=at_least(1), default=1, metavar="K",
+                   help="async-ps: parameter servers, the flat parameters sharded across them")
+    g.add_argument("--max-staleness", type=at_least(0), default=None, metavar="S",
+                   help="async-ps: reject a gradient computed on parameters more than S updates old "
+                        "(stale-synchronous; None: apply every gradient)")
+    g.add_argument("--worker-timeout", type=at_least(0.0, float, strict=True), default=Options.worker_timeout,
+                   metavar="SEC", help="async-ps: a worker silent this long is reported by the server, "
+                                       "which aborts the job")
+    g.add_argument("--inject-fault", type=_fault, default=None, metavar="RANK:N:crash|hang",
+                   help="async-ps, for testing: worker RANK raises (crash) or stops talking (hang) after N gradients")
+
+
+def problems(args, ranks: int) -> Optional[str]:
+    """Option errors of the mode switch (None when all is well)."""
+    if args.mode == "sync":
+        for name, default in ASYNC_ONLY.items():
+            if getattr(args, name) != default:
+                return f"argument --{name.replace('_', '-')}: only with --mode async-ps"
+        return None
+    servers = args.servers
+    if servers >= ranks:
+        return (f"argument --servers: {servers} server(s) leave no worker in a job of {ranks} ranks "
+                f"(async-ps needs at least {servers + 1} ranks)")
+    workers = f"{servers}..{ranks - 1}"
+    for flag, value in (("--straggler", args.straggler), ("--inject-fault", args.inject_fault)):
+        if value and not servers <= value[0] < ranks:
+            return f"argument {flag}: rank {value[0]} is not a worker; the workers are ranks {workers}"
+    for flag, bad in (("--resume", args.resume), ("--checkpoint-every", args.checkpoint_every),
+                      ("--bench-allreduce", args.bench_allreduce), ("--lr-scaling", args.lr_scaling != "none")):
+        if bad:
+            return f"argument {flag}: only with --mode sync"
+    return None
+
+
+def main(args, config: Config, threads: int, yield_note: str, comm: MPI.Intracomm = MPI.COMM_WORLD) -> int:
+    """Run async-ps with the parsed ``args``; print and write the report on rank 0. Returns the exit status."""
+    ranks = comm.Get_size()
+    options = Options(servers=args.servers, max_staleness=args.max_staleness,
+                      worker_timeout=args.worker_timeout, fault=args.inject_fault)
+    dataset = load_data(config)
+    k = options.servers
+    servers = "parameter server rank 0" if k == 1 else f"parameter servers ranks 0..{k - 1}"
+    say(f"allreduce_kit.train --mode async-ps: {ranks} ranks; {servers}, workers ranks {k}..{ranks - 1}; "
+        f"{threads} thread(s) per rank, {yield_note}")
+    budget = config.epochs * ((len(dataset.y_train) // (ranks - k)) * (ranks - k))
+    say(f"data: {dataset.name}, {len(dataset.y_train)} train / {len(dataset.y_test)} test samples; budget "
+        f"{config.epochs} epoch(s) = {budget:,} samples" + (f" or {config.max_steps} gradients" if config.max_steps else "")
+        + f", {config.batch_size} per gradient")
+    bound = "unbounded" if options.max_staleness is None else f"at most {options.max_staleness} (older gradients rejected)"
+    say(f"model: MLP hidden {','.join(map(str, config.hidden))} in {k} shard(s); server SGD lr {config.lr}, "
+        f"momentum {config.momentum}, weight decay {config.weight_decay}; staleness {bound}")
+    if config.straggler:
+        say(f"injected straggler: worker rank {config.straggler[0]} +{config.straggler[1]:g} ms per gradient")
+    result = run(config, options, comm, dataset, on_epoch=lambda e: say(report.epoch_line(e, config.epochs)))
+    if not is_root():
+        return 0
+    print_report(result)
+    payload = {"config": {**config.as_dict(), "mode": "async-ps", **options.as_dict()}, "threads_per_rank": threads,
+               "heavy_yield": os.environ.get("MPIR_CVAR_ENABLE_HEAVY_YIELD", "unset"), **result}
+    if args.json:
+        write_json(args.json, payload)
+        say(f"wrote {args.json}")
+    if args.plot:
+        from ..compare import plot
+        plot(args.plot, [payload], [os.path.basename(args.json or "async-ps")])
+        say(f"wrote {args.plot}")
+    return 0 if result["shutdown"]["messages_in_flight"] == 0 else 1
+
+
+def print_report(result: Dict[str, Any]) -> None:
+    """Rank 0's end of an async-ps run: summary, staleness per worker, shutdown."""
+    s = result["staleness"]
+    say(summary_lines(result["summary"]))
+    o = s["overall"]
+    say(f"\nstaleness of the {result['steps']:,} applied gradients (updates between a worker's pull and its "
+        f"push): mean {o['mean']:.2f}, p50 {o['p50']:g}, p95 {o['p95']:g}, max {o['max']}"
+        + ("" if s["max_staleness"] is None else
+           f"; bound {s['max_staleness']}: rejected per server {s['rejected_per_server']}"))
+    say(staleness.table(s["workers"]))
+    d = result["shutdown"]
+    where = f"final parameters saved to {d['saved']}" if d["saved"] else "final parameters held by rank 0 (--checkpoint-dir to save)"
+    say(f"\nshutdown: {d['workers_stopped']}/{d['workers']} workers stopped at the budget; {where}; "
+        f"messages left in flight: {d['messages_in_flight']}; parameters blake2b {result['params_digest']}")
+    sys.stdout.flush()

@@ -1,0 +1,125 @@
+"""``python -m allreduce_kit.train --mode async-ps`` under mpiexec: correctness, the trade-off with
+sync, bounded staleness, clean shutdown, failures; and ``python -m allreduce_kit.compare``.
+
+Small model (one hidden layer of 32), two or three epochs of the digits, at most 4 ranks. Timings
+are compared as directions with wide margins between runs made back to back, never absolutely.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import TESTS
+
+TRAIN = ["-m", "allreduce_kit.train", "--progress", "lines"]
+SMALL = ["--hidden", "32"]
+SUMMARY_KEYS = {"mode", "ranks", "workers", "wall_seconds", "samples", "samples_per_second", "updates_applied",
+                "gradients_rejected", "staleness_mean", "staleness_max", "train_accuracy", "test_accuracy",
+                "loss_per_epoch", "curve"}
+
+
+def _ok(result):
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    return result
+
+
+def _run(mpirun, n, tmp_path, name, args):
+    path = tmp_path / f"{name}.json"
+    result = _ok(mpirun(n, TRAIN + SMALL + args + ["--json", path], timeout=150))
+    return json.loads(path.read_text()), result.stdout
+
+
+def _python(args, cwd=TESTS):
+    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=90, cwd=cwd)
+
+
+def test_one_worker_is_the_synchronous_trainer_bitwise_and_shuts_down_cleanly(mpirun, tmp_path):
+    """With one worker nothing is stale: two sharded servers + one worker = sync on one rank, bit for bit."""
+    sync, _ = _run(mpirun, 1, tmp_path, "sync", ["--epochs", "2"])
+    ckpt = tmp_path / "final"
+    ps, text = _run(mpirun, 3, tmp_path, "async", ["--epochs", "2", "--mode", "async-ps", "--servers", "2",
+                                                   "--checkpoint-dir", ckpt])
+    assert ps["params_digest"] == sync["params_digest"]
+    assert ps["summary"]["loss_per_epoch"] == sync["summary"]["loss_per_epoch"]
+    assert set(ps["summary"]) == set(sync["summary"]) == SUMMARY_KEYS            # the same report, both modes
+    assert ps["summary"]["samples"] == sync["summary"]["samples"] == 2 * 1438
+    assert ps["summary"]["updates_applied"] == sync["summary"]["updates_applied"] == 2 * 45
+    assert ps["staleness"]["overall"]["max"] == 0 and ps["staleness"]["applied_per_server"] == [90, 90]
+    # Clean shutdown: the worker stopped, nothing left in flight, the final parameters on disk.
+    assert ps["shutdown"] == {"workers_stopped": 1, "workers": 1, "messages_in_flight": 0,
+                              "saved": str(ckpt / "checkpoint.npz")}
+    assert "messages left in flight: 0" in text and text.count("summary (async-ps") == 1
+    with np.load(ckpt / "checkpoint.npz") as saved:
+        params = saved["params"]
+    from allreduce_kit.train.trainer import digest
+    assert digest(params) == sync["params_digest"]
+    # compare: side by side, and the plot of loss against time and samples.
+    png = tmp_path / "cmp.png"
+    out = _ok(_python(["-m", "allreduce_kit.compare", tmp_path / "sync.json", tmp_path / "async.json", "--plot", png]))
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["sync", "async"]
+    for row in ("wall seconds", "samples per second", "updates applied", "train accuracy", "test accuracy",
+                "loss epoch 1", "loss epoch 2", "staleness mean", "gradients rejected"):
+        assert any(line.startswith(row) for line in lines), row
+    assert png.stat().st_size > 10_000
+
+
+def test_trade_off_straggler_hurts_sync_throughput_and_async_accuracy_lags(mpirun, tmp_path):
+    """The two effects the field argues about, at 4 ranks: directions with wide margins."""
+    delay = 50
+    common = ["--epochs", "2"]
+    runs = {}
+    for mode in ("sync", "async-ps"):
+        for slow in (False, True):
+            extra = ["--mode", mode] + (["--straggler", f"2:{delay}"] if slow else [])
+            runs[mode, slow], _ = _run(mpirun, 4, tmp_path, f"{mode}-{slow}", common + extra)
+    kept = {mode: runs[mode, True]["summary"]["samples_per_second"] / runs[mode, False]["summary"]["samples_per_second"]
+            for mode in ("sync", "async-ps")}
+    # Sync: every step waits for the straggler. Async: the slow worker only contributes fewer updates.
+    assert kept["async-ps"] > 2 * kept["sync"] and kept["async-ps"] > 0.4, kept
+    workers = {w["rank"]: w for w in runs["async-ps", True]["staleness"]["workers"]}
+    assert workers[2]["pushed"] < 0.5 * min(workers[1]["pushed"], workers[3]["pushed"]), workers
+    for w in workers.values():
+        assert set(w["staleness"]) == {"mean", "p50", "p95", "max"}
+    # Without stragglers, at the same samples, sync is at least as accurate (stale momentum SGD is not).
+    sync, ps = runs["sync", False]["summary"], runs["async-ps", False]["summary"]
+    assert abs(sync["samples"] - ps["samples"]) < 8
+    assert sync["test_accuracy"] >= ps["test_accuracy"], (sync, ps)
+    assert sync["staleness_max"] == 0 and ps["staleness_mean"] > 0.5
+
+
+def test_bounded_staleness_rejects_older_gradients_and_counts_them(mpirun, tmp_path):
+    ps, text = _run(mpirun, 4, tmp_path, "ssp", ["--epochs", "2", "--mode", "async-ps", "--max-staleness", "1",
+                                                 "--servers", "2"])
+    s = ps["staleness"]
+    assert s["overall"]["max"] <= 1 and all(w["staleness"]["max"] <= 1 for w in s["workers"])
+    rejected = sum(w["rejected"] for w in s["workers"])
+    assert rejected > 0 and rejected == s["rejected_per_server"][0] == ps["summary"]["gradients_rejected"]
+    assert sum(w["pushed"] for w in s["workers"]) == ps["summary"]["updates_applied"] + rejected
+    assert "bound 1: rejected per server" in text
+
+
+@pytest.mark.parametrize("fault,message", [
+    ("2:5:crash", "worker rank 2 failed"),
+    ("1:5:hang", "worker rank 1 has sent nothing for"),
+])
+def test_a_dead_worker_is_named_by_the_server_not_waited_for(mpirun, fault, message):
+    result = mpirun(3, TRAIN + SMALL + ["--mode", "async-ps", "--epochs", "20", "--inject-fault", fault,
+                                        "--worker-timeout", "2"], timeout=90)
+    assert result.returncode != 0
+    assert result.stderr.count(message) == 1 and "after 5 gradients" in result.stderr, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("n,args,message", [
+    (1, ["--mode", "async-ps"], "argument --servers: 1 server(s) leave no worker in a job of 1 ranks"),
+    (1, ["--max-staleness", "2"], "argument --max-staleness: only with --mode async-ps"),
+    (2, ["--mode", "async-ps", "--straggler", "0:5"], "argument --straggler: rank 0 is not a worker"),
+])
+def test_bad_mode_options_give_one_message_and_exit_2(mpirun, n, args, message):
+    result = _python(TRAIN + args) if n == 1 else mpirun(n, TRAIN + args, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.count(message) == 1, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
