@@ -29,6 +29,18 @@ class RankZeroParser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
         super().__init__(*args, **kwargs)
 
+    def exit(self, status: int = 0, message: Optional[str] = None) -> None:
+        """Exit on every rank, but only once rank 0 has printed (every rank parses the same line).
+
+        Without the barrier a rank that leaves first can end the job (``python -m mpi4py`` aborts
+        on a non-zero exit) before rank 0's message is out.
+        """
+        if message:
+            self._print_message(message, sys.stderr)
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            MPI.COMM_WORLD.Barrier()
+        sys.exit(status)
+
     def _print_message(self, message: str, file=None) -> None:
         if is_root() and message:
             (file or sys.stderr).write(message)

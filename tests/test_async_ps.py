@@ -49,11 +49,12 @@ def test_one_worker_is_the_synchronous_trainer_bitwise_and_shuts_down_cleanly(mp
     assert ps["summary"]["updates_applied"] == sync["summary"]["updates_applied"] == 2 * 45
     assert ps["staleness"]["overall"]["max"] == 0 and ps["staleness"]["applied_per_server"] == [90, 90]
     # Clean shutdown: the worker stopped, nothing left in flight, the final parameters on disk.
-    assert ps["shutdown"] == {"workers_stopped": 1, "workers": 1, "messages_in_flight": 0,
-                              "saved": str(ckpt / "checkpoint.npz")}
+    from allreduce_kit.train import checkpoint
+    final = checkpoint.latest(str(ckpt))                                          # checkpoint-<updates>.npz
+    assert ps["shutdown"] == {"workers_stopped": 1, "workers": 1, "messages_in_flight": 0, "saved": final}
     assert "messages left in flight: 0" in text and text.count("summary (async-ps") == 1
-    with np.load(ckpt / "checkpoint.npz") as saved:
-        params = saved["params"]
+    arrays, _ = checkpoint.load(final)                                            # checksum verified
+    params = arrays["params"]
     from allreduce_kit.train.trainer import digest
     assert digest(params) == sync["params_digest"]
     # compare: side by side, and the plot of loss against time and samples.

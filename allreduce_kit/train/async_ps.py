@@ -262,14 +262,19 @@ class ParameterServer:
     def _on_failed(self, src: int, nbytes: int) -> None:
         text = np.zeros(max(nbytes, 1), dtype=np.uint8)
         self.comm.Recv(text[:nbytes], source=src, tag=TAG_FAILED)
-        self.comm.Send(self._int1, dest=src, tag=TAG_ACK)
-        self._abort(f"worker rank {src} failed {time.perf_counter() - self.start:.2f} s into the run, after "
-                    f"{self.pushes[src]} gradients: {bytes(text[:nbytes]).decode(errors='replace')}")
+        self._say_aborting(f"worker rank {src} failed {time.perf_counter() - self.start:.2f} s into the run, after "
+                           f"{self.pushes[src]} gradients: {bytes(text[:nbytes]).decode(errors='replace')}")
+        self.comm.Send(self._int1, dest=src, tag=TAG_ACK)  # only once the report is out: the worker then aborts too
+        MPI.COMM_WORLD.Abort(1)
 
-    def _abort(self, why: str) -> None:
+    def _say_aborting(self, why: str) -> None:
         sys.stdout.flush()
         sys.stderr.write(f"allreduce_kit.train: parameter server rank {self.rank}: {why}; aborting the job\n")
         sys.stderr.flush()
+        time.sleep(1.0)  # let the launcher forward this line before an abort tears the job down
+
+    def _abort(self, why: str) -> None:
+        self._say_aborting(why)
         MPI.COMM_WORLD.Abort(1)
 
 
@@ -405,10 +410,12 @@ def _results(setup: _Setup, server: ParameterServer, final: Dict[str, Any], host
                             rejected_per_server[0], server.log.applied_staleness())
     saved = None
     if cfg.checkpoint_dir:
-        meta = {"step": applied_per_server[0], "ranks": setup.ranks, "widths": model.widths,
+        meta = {"ranks": setup.ranks, "widths": model.widths,
                 "dtype": model.dtype.name, "seed": cfg.seed, "mode": "async-ps", "servers": setup.servers,
                 "config": cfg.as_dict(), "options": opts.as_dict()}
-        saved = checkpoint.save(cfg.checkpoint_dir, {"params": model.params, "velocity": final["velocity"]}, meta)
+        saved = checkpoint.save(cfg.checkpoint_dir, applied_per_server[0],
+                                {"params": model.params, "velocity": final["velocity"]}, meta,
+                                keep=cfg.keep_checkpoints)
     seconds = sum(e["seconds"] for e in history)
     samples = sum(e["samples"] for e in history)
     return {
