@@ -33,15 +33,21 @@ def _hidden(text: str):
     return sizes
 
 
-def _straggler(text: str):
-    rank, sep, ms = text.partition(":")
-    try:
-        value = (int(rank), float(ms))
-    except ValueError:
-        value = None
-    if not sep or value is None or value[0] < 0 or not value[1] >= 0:
-        raise argparse.ArgumentTypeError(f"expected RANK:MS such as 3:20 (rank >= 0, delay in ms >= 0), got {text!r}")
-    return value
+def _rank_and(convert, minimum, form: str):
+    """An argparse type for ``RANK:VALUE`` (rank >= 0, value >= ``minimum``); ``form`` names both."""
+    def parse(text: str):
+        rank, sep, rest = text.partition(":")
+        try:
+            value = (int(rank), convert(rest))
+        except ValueError:
+            value = None
+        if not sep or value is None or value[0] < 0 or not value[1] >= minimum:
+            raise argparse.ArgumentTypeError(f"expected {form}, got {text!r}")
+        return value
+    return parse
+
+
+_straggler = _rank_and(float, 0, "RANK:MS such as 3:20 (rank >= 0, delay in ms >= 0)")
 
 
 def _at_least(low, kind=int, strict=False):
@@ -117,15 +123,7 @@ def build_parser() -> RankZeroParser:
 
 
 # -- reliability (issue 6): options and their checks, kept together -----------------------------
-def _rank_step(text: str):
-    rank, sep, step = text.partition(":")
-    try:
-        value = (int(rank), int(step))
-    except ValueError:
-        value = None
-    if not sep or value is None or value[0] < 0 or value[1] < 1:
-        raise argparse.ArgumentTypeError(f"expected RANK:STEP such as 1:5 (rank >= 0, step >= 1), got {text!r}")
-    return value
+_rank_step = _rank_and(int, 1, "RANK:STEP such as 1:5 (rank >= 0, step >= 1)")
 
 
 def add_reliability_options(p: RankZeroParser) -> None:
