@@ -183,6 +183,7 @@ class Inspector:
             parts.append(f"ranks that did not answer (dead, or blocked outside Python): {silent}")
         sys.stderr.write(head + "; ".join(parts) + ". Aborting the job.\n")
         sys.stderr.flush()
+        time.sleep(1.0)  # let the launcher forward the report before the abort tears the job down
         MPI.COMM_WORLD.Abort(1)
 
 
