@@ -3,16 +3,20 @@
 Every message the library sends travels on this clone, so it can never match a receive the
 user posted on their own communicator, whatever tags either side uses.
 """
+from functools import cached_property
 from typing import Dict, Optional
 
 import numpy as np
 from mpi4py import MPI
 
+from .reduction import Reduction, cache as reduction_cache
 from .stall import INSPECTOR, Watch
+from .threads import cores_available, ranks_on_this_node, thread_share
 
 
 class LibraryComm(MPI.Intracomm):
-    """A cloned intracommunicator, reusable scratch buffers, and its stall-inspector watch."""
+    """A cloned intracommunicator, what the algorithms need to know about it, scratch buffers,
+    and its stall-inspector watch. Created collectively (see ``library_comm``)."""
 
     watch: Watch
 
@@ -22,10 +26,32 @@ class LibraryComm(MPI.Intracomm):
         self._views: Dict[tuple, np.ndarray] = {}
         #: ``Get_size()`` and ``Get_rank()``, read once (they never change for a communicator).
         self.nranks, self.myrank = comm.Get_size(), comm.Get_rank()
+        node_ranks = ranks_on_this_node(comm)
+        #: Threads this rank's reduction kernels may use: its share of the node's cores.
+        self.threads = thread_share(ranks=node_ranks)
+        #: Some node has more ranks than cores, so a message may cost a context switch. The same
+        #: on every rank, so that algorithms that split messages by it agree on the split.
+        self.oversubscribed = bool(comm.allreduce(node_ranks > cores_available(), op=MPI.LOR))
+        #: op name -> its ``Reduction`` over this communicator (see ``reduction``).
+        self.reductions: Dict[str, Reduction] = reduction_cache()
         #: Per-communicator cache for ``algorithm="auto"`` (see ``selection.py``).
         self.auto = None
         self.watch = INSPECTOR.watch(self)
         return self
+
+    def reduction(self, op: str) -> Reduction:
+        """``op`` over this communicator's ranks, on this rank's share of threads (cached)."""
+        red = self.reductions.get(op)
+        if red is None:
+            red = self.reductions[op] = Reduction(op, self.nranks, self.threads)
+        return red
+
+    @cached_property
+    def fold(self):
+        """This rank's place when the ranks are folded to a power of two (``algorithms/fold.py``)."""
+        from .algorithms.fold import plan  # here, not at the top: the algorithms import this module
+
+        return plan(self.nranks, self.myrank)
 
     def scratch(self, count: int, dtype: np.dtype, slot: int = 0) -> np.ndarray:
         """A reusable 1-D array of ``count`` elements; contents undefined. One per ``slot``.

@@ -1,7 +1,7 @@
 """What an algorithm applies when two partial results meet: an op bound to a rank count."""
 from functools import lru_cache
 from types import ModuleType
-from typing import Union
+from typing import Dict, List, Union
 
 import numpy as np
 
@@ -23,15 +23,18 @@ class Reduction:
     Everything a call needs is looked up once, here, not on every call.
     """
 
-    __slots__ = ("op", "size", "base", "_reduce_into", "_sum_divide_into", "_divide", "_mean")
+    __slots__ = ("op", "size", "threads", "base", "_reduce_into", "_reduce_serial", "_code", "_sum_divide_into",
+                 "_divide", "_mean")
 
-    def __init__(self, op: str, size: int, backend=None):
+    def __init__(self, op: str, size: int, threads: int = 1, backend=None):
         backend = backend or _kernels
-        self.op, self.size = op, size
+        #: ``threads``: at most this many threads for a large array (this rank's share of its node).
+        self.op, self.size, self.threads = op, size, threads
         #: The element-wise op the kernels apply: ``sum`` for ``mean``.
         self.base = "sum" if op == "mean" else op
         self._mean = op == "mean"
         self._reduce_into = backend.reduce_into
+        self._reduce_serial, self._code = backend.reduce_serial, backend.OP_CODES[self.base]
         self._sum_divide_into = backend.sum_divide_into
         self._divide = backend.divide
 
@@ -39,8 +42,10 @@ class Reduction:
         """``dst = dst op src``; with ``last=True`` a mean also divides by ``size``."""
         if last and self._mean:
             self._sum_divide_into(dst, src, self.size)
+        elif self.threads == 1:  # most calls: straight into the compiled kernel
+            self._reduce_serial(dst, src, self._code)
         else:
-            self._reduce_into(dst, src, self.base)
+            self._reduce_into(dst, src, self.base, self.threads)
 
     def finish(self, buf: np.ndarray) -> None:
         """Divide by ``size`` for a mean whose folds never said ``last`` (e.g. MPI's own)."""
@@ -48,13 +53,22 @@ class Reduction:
             self._divide(buf, self.size)
 
     def __repr__(self) -> str:
-        return f"Reduction({self.op!r}, {self.size})"
+        return f"Reduction({self.op!r}, {self.size}, threads={self.threads})"
 
 
 @lru_cache(maxsize=None)
-def reduction(op: str, size: int) -> Reduction:
+def reduction(op: str, size: int, threads: int = 1) -> Reduction:
     """The cached ``Reduction`` for ``op`` over ``size`` ranks, on the current kernels."""
-    return Reduction(op, size)
+    return Reduction(op, size, threads)
+
+
+_caches: List[Dict[str, Reduction]] = []
+
+
+def cache() -> Dict[str, Reduction]:
+    """A new empty op -> ``Reduction`` cache that ``use_kernels`` empties when the kernels change."""
+    _caches.append({})
+    return _caches[-1]
 
 
 def use_kernels(backend) -> None:
@@ -64,3 +78,5 @@ def use_kernels(backend) -> None:
     global _kernels
     _kernels = backend or kernels
     reduction.cache_clear()
+    for made in _caches:
+        made.clear()

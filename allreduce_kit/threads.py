@@ -27,17 +27,18 @@ def cores_available() -> int:
         return os.cpu_count() or 1
 
 
-def thread_share(comm: Optional[MPI.Intracomm] = None) -> int:
+def thread_share(comm: Optional[MPI.Intracomm] = None, ranks: Optional[int] = None) -> int:
     """Threads this rank should use: the user's setting, else cores / ranks on the node (>= 1).
 
-    Collective (counts the ranks on the node). Under Slurm, ``--cpus-per-task`` already is
-    this task's share and is used as it is.
+    Collective (counts the ranks on the node) unless ``ranks``, the count, is given. Under
+    Slurm, ``--cpus-per-task`` already is this task's share and is used as it is.
     """
     for name in _USER_SET:
         value = os.environ.get(name, "")
         if value.isdigit() and int(value) > 0:
             return int(value)
-    ranks = ranks_on_this_node(comm)
+    if ranks is None:
+        ranks = ranks_on_this_node(comm)
     if os.environ.get("SLURM_CPUS_PER_TASK", "").isdigit():
         return cores_available()
     return max(1, cores_available() // ranks)

@@ -13,18 +13,40 @@ from . import reduce as _k
 OPS = ("sum", "prod", "max", "min")
 DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64"))
 
-_OP_CODE: Dict[str, int] = {"sum": _k.SUM, "prod": _k.PROD, "max": _k.MAX, "min": _k.MIN}
+#: op -> the code ``reduce_serial`` takes.
+OP_CODES: Dict[str, int] = {"sum": _k.SUM, "prod": _k.PROD, "max": _k.MAX, "min": _k.MIN}
+_OP_CODE = OP_CODES
+
+#: ``reduce_serial(dst, src, OP_CODES[op])``: ``reduce_into`` on the calling thread, without
+#: its Python layer (the compiled kernel itself), for callers that call it very often on
+#: small arrays.
+reduce_serial = _k.combine
 
 #: Arrays at least this long are split over numba's threads when more than one is allowed.
 PARALLEL_MIN = 1 << 18
 
 
-def reduce_into(dst: np.ndarray, src: np.ndarray, op: str) -> None:
-    """``dst = dst op src`` element-wise, in place; ``op`` is one of ``OPS``."""
-    if dst.size >= PARALLEL_MIN and numba.get_num_threads() > 1:
-        _k.combine_parallel(dst, src, _OP_CODE[op])
-    else:
-        _k.combine(dst, src, _OP_CODE[op])
+def reduce_into(dst: np.ndarray, src: np.ndarray, op: str, threads: int = 0) -> None:
+    """``dst = dst op src`` element-wise, in place; ``op`` is one of ``OPS``.
+
+    Arrays of at least ``PARALLEL_MIN`` elements are split over at most ``threads`` of numba's
+    threads (0: as many as numba is set to use). Pass the caller's share of the node's cores:
+    ranks that share a node and each start every core's worth of threads slow each other down.
+    """
+    if dst.size >= PARALLEL_MIN and threads != 1:
+        have = numba.get_num_threads()
+        use = have if threads <= 0 else min(threads, have)
+        if use > 1:
+            if use == have:
+                _k.combine_parallel(dst, src, _OP_CODE[op])
+            else:
+                numba.set_num_threads(use)
+                try:
+                    _k.combine_parallel(dst, src, _OP_CODE[op])
+                finally:
+                    numba.set_num_threads(have)
+            return
+    _k.combine(dst, src, _OP_CODE[op])
 
 
 def divide(buf: np.ndarray, divisor: int) -> None:
@@ -56,4 +78,4 @@ def warm_up(dtypes=DTYPES) -> None:
                 _k.combine_parallel(a, b, code)
 
 
-__all__ = ["OPS", "DTYPES", "PARALLEL_MIN", "reduce_into", "divide", "sum_divide_into", "warm_up"]
+__all__ = ["OPS", "DTYPES", "OP_CODES", "PARALLEL_MIN", "reduce_into", "reduce_serial", "divide", "sum_divide_into", "warm_up"]

@@ -108,3 +108,15 @@ def test_a_second_process_loads_the_compiled_kernels_from_the_cache():
                              cwd=Path(__file__).parent, check=True).stdout.split()
     misses, hits = map(int, out)
     assert (misses, hits) == (0, 1), "the second start should compile nothing"
+
+
+@pytest.mark.parametrize("threads", [0, 1, 2, 3])
+def test_a_thread_cap_changes_nothing_but_the_threads(threads):
+    """``threads`` caps the threads a large fold uses (0: numba's setting); the result is the
+    same, and numba's own setting is as it was afterwards."""
+    before = numba.get_num_threads()
+    dst, src = values(kernels.PARALLEL_MIN + 5, "float32", 1), values(kernels.PARALLEL_MIN + 5, "float32", 2)
+    expected = dst + src
+    kernels.reduce_into(dst, src, "sum", threads)
+    np.testing.assert_array_equal(dst, expected)
+    assert numba.get_num_threads() == before

@@ -61,7 +61,7 @@ def make_call(name: str, buf: np.ndarray, op: str, comm: MPI.Intracomm) -> Calla
     if name == "mpi":
         lib, mpi_op = library_comm(comm), MPI_OPS["sum" if op == "mean" else op]
         if op == "mean":
-            red = reduction(op, lib.Get_size())
+            red = lib.reduction(op)
             return lambda: (lib.Allreduce(MPI.IN_PLACE, buf, op=mpi_op), red.finish(buf))
         return lambda: lib.Allreduce(MPI.IN_PLACE, buf, op=mpi_op)
     return lambda: allreduce(buf, op=op, algorithm=name, comm=comm)
