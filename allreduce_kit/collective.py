@@ -7,10 +7,10 @@ from mpi4py import MPI
 
 from . import kernels
 from .algorithms import ALGORITHMS
-from .comm import library_comm
-from .reduction import OPS, reduction
-from . import selection
-from .stall import INSPECTOR, stall_timeout as default_stall_timeout
+from .comm import _world, library_comm
+from .reduction import OPS
+from . import selection, stall
+from .stall import INSPECTOR
 
 #: ``ALLREDUCE_KIT_CHECK=1`` turns ``check=True`` on for every call that does not say otherwise.
 CHECK_BY_DEFAULT = os.environ.get("ALLREDUCE_KIT_CHECK", "0").lower() not in ("", "0", "false", "no")
@@ -92,7 +92,7 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
     ``allreduce_kit.stall``; 0 turns it off), the ranks that are waiting print which ranks have
     not arrived and the job is aborted.
     """
-    lib = library_comm(comm)
+    lib = _world[0] if comm is None and _world else library_comm(comm)
     if check or (check is None and CHECK_BY_DEFAULT):
         try:
             validate(buf, op, algorithm)
@@ -101,15 +101,19 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
         _agree(lib, buf, op, algorithm, None)
     else:
         validate(buf, op, algorithm)
-    p = lib.nranks
-    if p == 1 or buf.size == 0:
+    if lib.nranks == 1 or buf.size == 0:
         return buf
     if algorithm == "auto":
-        algorithm = selection.choose_for(lib, buf.nbytes)
-    timeout = default_stall_timeout() if stall_timeout is None else stall_timeout
-    INSPECTOR.enter(lib.watch, timeout, algorithm, buf)
+        auto = lib.auto  # selection.choose_for, with its memo looked up here first
+        algorithm = (auto is not None and auto.memo.get(buf.nbytes)) or selection.choose_for(lib, buf.nbytes)
+    red = lib.reductions.get(op) or lib.reduction(op)
+    # Every call is short for small messages, so this path is written for speed: one lookup
+    # per step, and the stall inspector's bookkeeping inline (see ``Inspector.enter``).
+    watch = lib.watch
+    watch.calls += 1
+    INSPECTOR.current = (watch, stall.default_timeout if stall_timeout is None else stall_timeout, algorithm, buf)
     try:
-        ALGORITHMS[algorithm](lib, buf if buf.ndim == 1 else buf.reshape(-1), reduction(op, p))
+        ALGORITHMS[algorithm](lib, buf if buf.ndim == 1 else buf.reshape(-1), red)
     finally:
-        INSPECTOR.leave()
+        INSPECTOR.current = None
     return buf

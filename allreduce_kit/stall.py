@@ -39,19 +39,16 @@ def _timeout_from_environment() -> float:
     return value
 
 
-_timeout = _timeout_from_environment()
+#: The timeout of a call that does not pass its own (seconds; 0: off). Set it with ``set_stall_timeout``.
+default_timeout = _timeout_from_environment()
 
 
 def set_stall_timeout(seconds: float) -> None:
     """Set the default stall timeout for every later collective; 0 turns the inspector off."""
-    global _timeout
+    global default_timeout
     if seconds < 0:
         raise ValueError(f"stall_timeout must be >= 0 seconds (0 turns it off), got {seconds}")
-    _timeout = float(seconds)
-
-
-def stall_timeout() -> float:
-    return _timeout
+    default_timeout = float(seconds)
 
 
 class Watch:
@@ -135,16 +132,11 @@ class Inspector:
                     watch.close()
             self.watches.clear()
 
-    def enter(self, watch: Watch, timeout: float, algorithm: str, buf: np.ndarray) -> None:
-        """A collective starts on ``watch``'s communicator (call this, then ``leave`` in finally).
-
-        Kept to a counter and one fresh tuple: the watchdog, not the caller, reads the clock.
-        """
-        watch.calls += 1
-        self.current = (watch, timeout, algorithm, buf)
-
-    def leave(self) -> None:
-        self.current = None
+    # A collective tells the inspector it started on ``watch``'s communicator with
+    # ``watch.calls += 1; INSPECTOR.current = (watch, timeout, algorithm, buf)``, and that it ended
+    # with ``INSPECTOR.current = None`` (in a ``finally``). ``allreduce`` does that inline: a
+    # counter and one fresh tuple, because for small messages a method call is a measurable
+    # share of the call. The watchdog, not the caller, reads the clock.
 
     def _run(self) -> None:
         seen, seen_at = None, 0.0  # the call in progress at the last look, and since when

@@ -20,6 +20,9 @@ class Fold(NamedTuple):
     rem: int      #: p - pof2: how many even ranks sit out
     rank: int     #: this rank in the communicator
     newrank: int  #: this rank in the folded group, or -1 if it sits out
+    #: the real rank across bit k of ``newrank`` for k = 0, 1, ...: the partners of recursive
+    #: doubling, lowest bit first (empty for a rank that sits out)
+    partners: tuple
 
     def real(self, newrank: int) -> int:
         """The communicator rank that plays ``newrank`` in the folded group."""
@@ -35,7 +38,10 @@ def plan(p: int, rank: int) -> Fold:
         newrank = -1 if rank % 2 == 0 else rank // 2
     else:
         newrank = rank - rem
-    return Fold(pof2, rem, rank, newrank)
+    fold = Fold(pof2, rem, rank, newrank, ())
+    if newrank < 0:
+        return fold
+    return fold._replace(partners=tuple(fold.real(newrank ^ (1 << k)) for k in range(pof2.bit_length() - 1)))
 
 
 def fold_in(comm, buf, op, fold: Fold) -> None:

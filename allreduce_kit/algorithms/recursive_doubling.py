@@ -8,23 +8,21 @@ no separate broadcast phase); every step moves and reduces the whole buffer. MPI
 short messages. Rank counts that are not a power of two are folded first (``fold.py``).
 """
 from . import register
-from .fold import fold_in, fold_out, plan
+from .fold import fold_in, fold_out
 
 TAG = 104
 
 
 @register("recursive_doubling")
 def allreduce(comm, buf, op):
-    fold = plan(comm.nranks, comm.myrank)
+    fold = comm.fold
     if fold.rem:
         fold_in(comm, buf, op, fold)
-    if fold.newrank >= 0:
+    if fold.partners:
         incoming = comm.scratch(buf.size, buf.dtype)
-        mask, pof2 = 1, fold.pof2
-        while mask < pof2:
-            partner = fold.real(fold.newrank ^ mask)
+        last = fold.partners[-1]
+        for partner in fold.partners:
             comm.Sendrecv(buf, partner, TAG, incoming, partner, TAG)
-            mask <<= 1
-            op.combine(buf, incoming, last=(mask == pof2))
+            op.combine(buf, incoming, partner == last)
     if fold.rem:
         fold_out(comm, buf, fold)
