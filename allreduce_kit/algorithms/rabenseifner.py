@@ -9,12 +9,13 @@ is reduced on exactly one rank and copied to the others, so every rank ends bitw
 
 Each rank sends 2 (p-1)/p of the buffer in 2 lg p messages and reduces (p-1)/p of it:
 bandwidth-optimal like the ring with the tree's message count. MPICH's choice for long
-messages. Rank counts that are not a power of two are folded first (``fold.py``).
+messages. Rank counts that are not a power of two are folded first (``fold.py``); large
+reduce-scatter steps go in cache-sized pieces (``pieces.py``).
 """
 from functools import lru_cache
 
-from . import register
-from .fold import fold_in, fold_out, plan
+from . import pieces, register
+from .fold import fold_in, fold_out
 from .ring import segment_bounds
 
 TAG = 105
@@ -27,32 +28,30 @@ def _bounds(n: int, pof2: int) -> tuple:
 
 @register("rabenseifner")
 def allreduce(comm, buf, op):
-    fold = plan(comm.nranks, comm.myrank)
+    fold = comm.fold
     if fold.rem:
         fold_in(comm, buf, op, fold)
     me = fold.newrank
     if me >= 0:
         pof2 = fold.pof2
         bounds = _bounds(buf.size, pof2)
-        incoming = comm.scratch(buf.size - buf.size // 2, buf.dtype)  # the largest half kept
         lo, hi = 0, pof2  # the segments this rank is responsible for
         mask = pof2 >> 1
         while mask:  # reduce-scatter by recursive halving
-            partner = fold.real(me ^ mask)
+            partner = fold.partners[mask.bit_length() - 1]
             mid = lo + mask
             if me & mask:
                 keep_lo, keep_hi, send_lo, send_hi = mid, hi, lo, mid
             else:
                 keep_lo, keep_hi, send_lo, send_hi = lo, mid, mid, hi
-            a, b = bounds[keep_lo], bounds[keep_hi]
-            recv = incoming[:b - a]
-            comm.Sendrecv(buf[bounds[send_lo]:bounds[send_hi]], partner, TAG, recv, partner, TAG)
-            op.combine(buf[a:b], recv, last=(mask == 1))
+            parts = pieces.count((bounds[hi] - bounds[lo]) * buf.itemsize // 2, comm)  # partners share lo, hi
+            pieces.sendrecv_combine(comm, buf[bounds[send_lo]:bounds[send_hi]], partner,
+                                    buf[bounds[keep_lo]:bounds[keep_hi]], partner, TAG, op, mask == 1, parts)
             lo, hi = keep_lo, keep_hi
             mask >>= 1
         mask = 1
         while mask < pof2:  # allgather by recursive doubling
-            partner = fold.real(me ^ mask)
+            partner = fold.partners[mask.bit_length() - 1]
             other = lo ^ mask
             comm.Sendrecv(buf[bounds[lo]:bounds[hi]], partner, TAG,
                           buf[bounds[other]:bounds[other + mask]], partner, TAG)

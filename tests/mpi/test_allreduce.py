@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from allreduce_kit import ALGORITHMS, OPS, allreduce
+from allreduce_kit import ALGORITHMS, OPS, allreduce, library_comm
 from conftest import assert_quiet, assert_same_everywhere
 
 DTYPES = ("float32", "float64", "int32", "int64")
@@ -95,3 +95,34 @@ def test_multidimensional_buffer_keeps_its_shape(comm, algorithm):
     x = np.ones((3, 5, 7), dtype=np.float32)
     allreduce(x, op="sum", algorithm=algorithm, comm=comm)
     assert x.shape == (3, 5, 7) and np.all(x == comm.Get_size())
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ["ring", "rabenseifner"])
+def test_reduce_scatter_in_pieces_gives_the_same_bits(comm, algorithm, monkeypatch):
+    """Sent in cache-sized pieces (forced here with tiny pieces, at any rank count), the result
+    is bitwise what the whole-range steps give, for lengths that do not split evenly."""
+    from allreduce_kit.algorithms import pieces
+
+    lib = library_comm(comm)
+    for n in (comm.Get_size() + 1, 1000, 4099):
+        x = local_values(n, "float32", comm.Get_rank())
+        whole = allreduce(x.copy(), op="mean", algorithm=algorithm, comm=comm)
+        monkeypatch.setattr(lib, "oversubscribed", False)
+        monkeypatch.setattr(pieces, "PIECE", 64)  # bytes: 16 float32 per piece
+        pieced = allreduce(x.copy(), op="mean", algorithm=algorithm, comm=comm)
+        monkeypatch.undo()
+        assert np.array_equal(pieced, whole)
+        assert_same_everywhere(comm, pieced)
+        assert_quiet(comm)
+
+
+@pytest.mark.mpi
+def test_kernels_use_only_this_ranks_share_of_the_node(comm):
+    """p ranks on a node of c cores fold with at most max(1, c // p) threads each, unless the
+    user set NUMBA_NUM_THREADS or OMP_NUM_THREADS: more would make the ranks fight for cores."""
+    from allreduce_kit.threads import thread_share
+
+    lib = library_comm(comm)
+    assert lib.threads == thread_share(comm) >= 1
+    assert lib.reduction("sum").threads == lib.threads
