@@ -29,11 +29,17 @@ def test_crossovers_cut_sizes_into_few_runs_and_ignore_a_noisy_row():
         8: (10, 30, 20), 64: (11, 31, 22), 512: (14, 35, 9),  # tree wins one row by noise
         4096: (30, 32, 60), 32768: (90, 40, 120), 1 << 20: (900, 300, 1500), 1 << 22: (4000, 1000, 6000)}
     rows = [row(s, a, t) for s, ts in times.items() for a, t in zip(("recursive_doubling", "ring", "tree"), ts)]
-    rows.append(row(8, "mpi", 1))  # mpi is never chosen
+    rows.append(row(8, "auto", 1))  # auto's own rows are not candidates
     assert crossovers(rows, min_run=2) == [(0, "recursive_doubling"), (32768, "ring")]
     assert crossovers(rows, max_rules=1) == [(0, "ring")]
     assert crossovers(rows, min_run=1, max_rules=5) == [(0, "recursive_doubling"), (512, "tree"),
                                                         (4096, "recursive_doubling"), (32768, "ring")]
+
+
+def test_crossovers_hand_sizes_where_mpi_is_fastest_to_mpi():
+    times = {8: (10, 30, 4), 64: (11, 31, 5), 512: (14, 35, 20), 4096: (30, 32, 60), 1 << 20: (900, 300, 500)}
+    rows = [row(s, a, t) for s, ts in times.items() for a, t in zip(("recursive_doubling", "ring", "mpi"), ts)]
+    assert crossovers(rows, min_run=1) == [(0, "mpi"), (512, "recursive_doubling"), (1 << 20, "ring")]
 
 
 def test_fit_recovers_the_parameters_that_made_the_times():

@@ -126,8 +126,8 @@ def check_args(parser: RankZeroParser, args) -> None:
             parser.error(f"-a/--algorithms: unknown {', '.join(map(repr, unknown)) or 'empty list'}; "
                          f"choose from {', '.join(names)} or 'all'")
         args.names = list(dict.fromkeys(args.names))
-    if args.tune and not [n for n in args.names if n not in ("auto", "mpi")]:
-        parser.error("--tune: -a must name at least one of our algorithms (auto and mpi are not chosen from)")
+    if args.tune and not [n for n in args.names if n != "auto"]:
+        parser.error("--tune: -a must name at least one algorithm other than auto (auto is what it tunes)")
     if args.plot and not have_matplotlib():
         parser.error("--plot needs matplotlib: pip install 'allreduce_kit[plot]'")
 
