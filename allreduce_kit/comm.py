@@ -36,6 +36,11 @@ class LibraryComm(MPI.Intracomm):
         self.reductions: Dict[str, Reduction] = reduction_cache()
         #: Per-communicator cache for ``algorithm="auto"`` (see ``selection.py``).
         self.auto = None
+        #: ``id(buf)`` -> persistent requests for a small buffer, the ones used last, and the
+        #: last small buffer seen (``algorithms/persistent.py``).
+        self.persistent: Dict[int, object] = {}
+        self.persistent_hot = None
+        self.persistent_last = None
         self.watch = INSPECTOR.watch(self)
         return self
 
@@ -77,6 +82,10 @@ class LibraryComm(MPI.Intracomm):
 def _free_clone(comm: MPI.Comm, keyval: int, clone: LibraryComm) -> None:
     if not MPI.Is_finalized():
         INSPECTOR.unwatch(clone.watch)
+        for kept in clone.persistent.values():
+            kept.free()
+        clone.persistent.clear()
+        clone.persistent_hot = None
         clone.Free()
 
 

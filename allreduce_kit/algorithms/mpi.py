@@ -8,5 +8,6 @@ MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
 
 @register("mpi")
 def allreduce(comm, buf, op):
-    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI_OPS[op.base])
-    op.finish(buf)
+    comm.Allreduce(MPI.IN_PLACE, buf, MPI_OPS[op.base])
+    if op.op == "mean":
+        op.finish(buf)

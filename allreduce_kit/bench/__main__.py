@@ -212,8 +212,11 @@ def preamble(comm: MPI.Intracomm, args, threads: int, auto_source: str) -> dict:
         f" back to back")
     say("# time = the slowest rank's time per call: median, min and max over samples. algbw = size / time, "
         "busbw = algbw * 2(p-1)/p")
-    say("# #wrong = elements differing from MPI's Allreduce (summed over ranks); mpi = mpi4py's Allreduce called "
-        f"directly; the others go through allreduce(); auto's table: {auto_source}")
+    mpi_row = ("allreduce(algorithm='mpi'), as auto would call it (--tune)" if args.tune
+               else "mpi4py's Allreduce called directly")
+    info["mpi_row"] = mpi_row
+    say(f"# #wrong = elements differing from MPI's Allreduce (summed over ranks); mpi = {mpi_row}; the others go "
+        f"through allreduce(); auto's table: {auto_source}")
     say("#")
     return info
 
@@ -253,7 +256,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     info = preamble(comm, args, threads, selection.source_for(lib))
     say(output.header())
     rows = sweep(comm, sizes, dtype, args.op, args.names, args.iters, args.warmup_iters, args.batch,
-                 on_row=lambda row: say(output.line(row)))
+                 on_row=lambda row: say(output.line(row)), mpi_direct=not args.tune)
     table = ratios(rows)
     say(output.summary(table))
 

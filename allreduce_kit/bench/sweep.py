@@ -55,10 +55,13 @@ def reference(comm: MPI.Intracomm, x: np.ndarray, op: str) -> np.ndarray:
     return expected
 
 
-def make_call(name: str, buf: np.ndarray, op: str, comm: MPI.Intracomm) -> Callable[[], object]:
+def make_call(name: str, buf: np.ndarray, op: str, comm: MPI.Intracomm,
+              mpi_direct: bool = True) -> Callable[[], object]:
     """The timed call. ``mpi`` is mpi4py's ``Allreduce`` called directly, without ``allreduce``'s
-    validation, so MPI pays no overhead of ours while our algorithms pay all of it."""
-    if name == "mpi":
+    validation, so MPI pays no overhead of ours while our algorithms pay all of it; with
+    ``mpi_direct=False`` (``--tune``) it goes through ``allreduce`` like the others, as ``auto``
+    would call it, so that the candidates compete on equal terms."""
+    if name == "mpi" and mpi_direct:
         lib, mpi_op = library_comm(comm), MPI_OPS["sum" if op == "mean" else op]
         if op == "mean":
             red = lib.reduction(op)
@@ -69,7 +72,7 @@ def make_call(name: str, buf: np.ndarray, op: str, comm: MPI.Intracomm) -> Calla
 
 def sweep(comm: MPI.Intracomm, sizes: Sequence[int], dtype: np.dtype, op: str, algorithms: Sequence[str],
           samples: int, warmup: int, batch: int = 0,
-          on_row: Optional[Callable[[Row], None]] = None) -> List[Row]:
+          on_row: Optional[Callable[[Row], None]] = None, mpi_direct: bool = True) -> List[Row]:
     """Check then time every algorithm at every size; every rank returns the same rows."""
     p, rank = comm.Get_size(), comm.Get_rank()
     lib = library_comm(comm)
@@ -82,7 +85,7 @@ def sweep(comm: MPI.Intracomm, sizes: Sequence[int], dtype: np.dtype, op: str, a
         restore = lambda: np.copyto(buf, x)  # noqa: E731
         timed, wrong = {}, {}
         for name in algorithms:
-            call = timed[name] = make_call(name, buf, op, comm)
+            call = timed[name] = make_call(name, buf, op, comm, mpi_direct)
             restore()
             call()  # the first call compiles or loads kernels and allocates scratch: untimed
             wrong[name] = int(np.count_nonzero(buf != expected))

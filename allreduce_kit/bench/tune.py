@@ -9,9 +9,8 @@ more than ``CAP`` times slower than the fastest counts as ``CAP``: one row spoil
 load elsewhere cannot outvote its neighbours.
 
 MPI's own ``Allreduce`` (``mpi``) is a candidate like the others: where nothing built from
-point-to-point messages beats it (the smallest messages at 2 ranks, on this machine), ``auto``
-hands the call to it. Its bench row is timed without ``allreduce``'s validation (about 0.8 us),
-so near a crossover the choice leans that little towards it.
+point-to-point messages beats it, ``auto`` hands the call to it. Under ``--tune`` its row is
+timed through ``allreduce(algorithm="mpi")``, validation included, as ``auto`` would call it.
 """
 import math
 from typing import Dict, List, Sequence, Tuple

@@ -126,3 +126,34 @@ def test_kernels_use_only_this_ranks_share_of_the_node(comm):
     lib = library_comm(comm)
     assert lib.threads == thread_share(comm) >= 1
     assert lib.reduction("sum").threads == lib.threads
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("op", ["sum", "mean", "max"])
+def test_a_small_buffer_reduced_again_and_again_matches_mpi_every_time(comm, op):
+    """A loop passing the same small arrays call after call (which reuses persistent requests
+    from the second call on), more arrays than are kept, one of them retyped in between."""
+    from allreduce_kit.algorithms import persistent
+
+    rank = comm.Get_rank()
+    arrays = [np.zeros(n, np.float64) for n in range(1, persistent.MAX_BUFFERS + 3)]
+    for step in range(3):
+        for i, x in enumerate(arrays):
+            for _ in range(2):
+                x[:] = local_values(x.size, "float64", rank + 10 * step + i)
+                expected = oracle(comm, x, op)
+                allreduce(x, op=op, algorithm="recursive_doubling", comm=comm)
+                assert np.allclose(x, expected, rtol=1e-12, atol=1e-12)
+                assert_same_everywhere(comm, x)
+    retyped = arrays[-1]
+    retyped.dtype = np.int64  # the same array object, now read as integers
+    retyped[:] = rank + 1
+    for _ in range(2):
+        expected = oracle(comm, retyped, "sum")
+        allreduce(retyped, op="sum", algorithm="recursive_doubling", comm=comm)
+        assert np.array_equal(retyped, expected)
+    kept, p = library_comm(comm).persistent, comm.Get_size()
+    assert len(kept) <= persistent.MAX_BUFFERS
+    if p > 1 and p & (p - 1) == 0:  # every rank takes part in recursive doubling: it used them
+        assert any(e.buf is retyped for e in kept.values())
+    assert_quiet(comm)
