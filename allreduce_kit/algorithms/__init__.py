@@ -21,11 +21,17 @@ name                   what it does                                 when it is t
                        allgather by recursive doubling              2(p-1)/p n traffic in only
                                                                     2 lg p messages (MPICH's
                                                                     long-message choice)
-``mpi``                MPI's own ``Allreduce``                      the oracle and the yardstick
+``mpi``                MPI's own ``Allreduce``                      the oracle and the yardstick;
+                                                                    ``auto`` hands it the smallest
+                                                                    messages, where one MPI call
+                                                                    beats any Python exchange
 =====================  ===========================================  =================================
 
 ``recursive_doubling`` and ``rabenseifner`` fold rank counts that are not a power of two into
-one that is first (``fold.py``), as MPICH does. ``algorithm="auto"`` picks one of these by
+one that is first (``fold.py``), as MPICH does. ``ring`` and ``rabenseifner`` send large
+reduce-scatter steps in cache-sized pieces when every rank has a core (``pieces.py``);
+``recursive_doubling`` reuses persistent requests for a small buffer passed again and again
+(``persistent.py``). ``algorithm="auto"`` picks one of these by
 message size and rank count (``allreduce_kit/selection.py``).
 """
 from typing import Callable, Dict
