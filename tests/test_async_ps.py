@@ -93,8 +93,11 @@ def test_trade_off_straggler_hurts_sync_throughput_and_async_accuracy_lags(mpiru
 
 
 def test_bounded_staleness_rejects_older_gradients_and_counts_them(mpirun, tmp_path):
+    """Worker 2 is made 20 ms slower per gradient, so worker 3 pushes several updates between
+    its pull and its push: its gradients are staler than the bound of 1 (without a straggler a
+    quiet machine may happen to keep both workers in step and reject nothing)."""
     ps, text = _run(mpirun, 4, tmp_path, "ssp", ["--epochs", "2", "--mode", "async-ps", "--max-staleness", "1",
-                                                 "--servers", "2"])
+                                                 "--servers", "2", "--straggler", "2:20"])
     s = ps["staleness"]
     assert s["overall"]["max"] <= 1 and all(w["staleness"]["max"] <= 1 for w in s["workers"])
     rejected = sum(w["rejected"] for w in s["workers"])
