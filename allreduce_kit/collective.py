@@ -88,6 +88,10 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
     so that a call that differs between ranks, or is malformed on any rank, raises on every
     rank instead of hanging or producing garbage.
 
+    A buffer of at most 16 KiB passed call after call may stay referenced by the library (at
+    most 8 per communicator, until displaced or the communicator is freed), because it keeps
+    persistent requests for it (``algorithms/persistent.py``).
+
     If the call has not finished after ``stall_timeout`` seconds (default: see
     ``allreduce_kit.stall``; 0 turns it off), the ranks that are waiting print which ranks have
     not arrived and the job is aborted.
