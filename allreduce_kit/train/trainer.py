@@ -7,7 +7,7 @@ so the replicas stay bitwise identical. The trainer never chooses or knows the a
 """
 import hashlib
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
