@@ -108,11 +108,10 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
     if lib.nranks == 1 or buf.size == 0:
         return buf
     if algorithm == "auto":
-        auto = lib.auto  # selection.choose_for, with its memo looked up here first
-        algorithm = (auto is not None and auto.memo.get(buf.nbytes)) or selection.choose_for(lib, buf.nbytes)
-    red = lib.reductions.get(op) or lib.reduction(op)
-    # Every call is short for small messages, so this path is written for speed: one lookup
-    # per step, and the stall inspector's bookkeeping inline (see ``Inspector.enter``).
+        algorithm = selection.choose_for(lib, buf.nbytes)
+    red = lib.reductions[op]
+    # The stall inspector's bookkeeping, inline: a small message's whole call is a few
+    # microseconds (see the comment in ``stall.Inspector``).
     watch = lib.watch
     watch.calls += 1
     INSPECTOR.current = (watch, stall.default_timeout if stall_timeout is None else stall_timeout, algorithm, buf)

@@ -9,7 +9,7 @@ from typing import Dict, Optional
 import numpy as np
 from mpi4py import MPI
 
-from .reduction import Reduction, cache as reduction_cache
+from .reduction import Reductions
 from .stall import INSPECTOR, Watch
 from .threads import cores_available, ranks_on_this_node, thread_share
 
@@ -32,8 +32,8 @@ class LibraryComm(MPI.Intracomm):
         #: Some node has more ranks than cores, so a message may cost a context switch. The same
         #: on every rank, so that algorithms that split messages by it agree on the split.
         self.oversubscribed = bool(comm.allreduce(node_ranks > cores_available(), op=MPI.LOR))
-        #: op name -> its ``Reduction`` over this communicator (see ``reduction``).
-        self.reductions: Dict[str, Reduction] = reduction_cache()
+        #: ``reductions[op]``: ``op`` over this communicator's ranks, on this rank's threads.
+        self.reductions = Reductions(self.nranks, self.threads)
         #: Per-communicator cache for ``algorithm="auto"`` (see ``selection.py``).
         self.auto = None
         #: ``id(buf)`` -> persistent requests for a small buffer, the ones used last, and the
@@ -43,13 +43,6 @@ class LibraryComm(MPI.Intracomm):
         self.persistent_last = None
         self.watch = INSPECTOR.watch(self)
         return self
-
-    def reduction(self, op: str) -> Reduction:
-        """``op`` over this communicator's ranks, on this rank's share of threads (cached)."""
-        red = self.reductions.get(op)
-        if red is None:
-            red = self.reductions[op] = Reduction(op, self.nranks, self.threads)
-        return red
 
     @cached_property
     def fold(self):

@@ -1,7 +1,6 @@
 """What an algorithm applies when two partial results meet: an op bound to a rank count."""
-from functools import lru_cache
 from types import ModuleType
-from typing import Dict, List, Union
+from typing import List, Union
 
 import numpy as np
 
@@ -56,19 +55,21 @@ class Reduction:
         return f"Reduction({self.op!r}, {self.size}, threads={self.threads})"
 
 
-@lru_cache(maxsize=None)
-def reduction(op: str, size: int, threads: int = 1) -> Reduction:
-    """The cached ``Reduction`` for ``op`` over ``size`` ranks, on the current kernels."""
-    return Reduction(op, size, threads)
+class Reductions(dict):
+    """op name -> its ``Reduction`` over ``size`` ranks on ``threads`` threads, made on first
+    lookup (``reductions[op]`` is one dictionary lookup after that). ``use_kernels`` empties it."""
+
+    def __init__(self, size: int, threads: int):
+        super().__init__()
+        self.size, self.threads = size, threads
+        _made.append(self)
+
+    def __missing__(self, op: str) -> Reduction:
+        made = self[op] = Reduction(op, self.size, self.threads)
+        return made
 
 
-_caches: List[Dict[str, Reduction]] = []
-
-
-def cache() -> Dict[str, Reduction]:
-    """A new empty op -> ``Reduction`` cache that ``use_kernels`` empties when the kernels change."""
-    _caches.append({})
-    return _caches[-1]
+_made: List[Reductions] = []
 
 
 def use_kernels(backend) -> None:
@@ -77,6 +78,5 @@ def use_kernels(backend) -> None:
     numba kernels. For measuring what the kernels buy (``bench --kernel numpy``)."""
     global _kernels
     _kernels = backend or kernels
-    reduction.cache_clear()
-    for made in _caches:
+    for made in _made:
         made.clear()

@@ -15,7 +15,6 @@ DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64"))
 
 #: op -> the code ``reduce_serial`` takes.
 OP_CODES: Dict[str, int] = {"sum": _k.SUM, "prod": _k.PROD, "max": _k.MAX, "min": _k.MIN}
-_OP_CODE = OP_CODES
 
 #: ``reduce_serial(dst, src, OP_CODES[op])``: ``reduce_into`` on the calling thread, without
 #: its Python layer (the compiled kernel itself), for callers that call it very often on
@@ -37,16 +36,13 @@ def reduce_into(dst: np.ndarray, src: np.ndarray, op: str, threads: int = 0) -> 
         have = numba.get_num_threads()
         use = have if threads <= 0 else min(threads, have)
         if use > 1:
-            if use == have:
-                _k.combine_parallel(dst, src, _OP_CODE[op])
-            else:
-                numba.set_num_threads(use)
-                try:
-                    _k.combine_parallel(dst, src, _OP_CODE[op])
-                finally:
-                    numba.set_num_threads(have)
+            numba.set_num_threads(use)
+            try:
+                _k.combine_parallel(dst, src, OP_CODES[op])
+            finally:
+                numba.set_num_threads(have)
             return
-    _k.combine(dst, src, _OP_CODE[op])
+    _k.combine(dst, src, OP_CODES[op])
 
 
 def divide(buf: np.ndarray, divisor: int) -> None:
@@ -74,7 +70,7 @@ def warm_up(dtypes=DTYPES) -> None:
         divide(a, 1)
         sum_divide_into(a, b, 1)
         if numba.get_num_threads() > 1:
-            for code in _OP_CODE.values():
+            for code in OP_CODES.values():
                 _k.combine_parallel(a, b, code)
 
 

@@ -40,14 +40,12 @@ class Exchanges:
 
     def run(self, op) -> None:
         """Exchange with every partner in turn, folding each partner's copy into ``buf``."""
-        buf, incoming = self.buf, self.incoming
-        if self.last == 0:  # two ranks: one exchange
-            pair = self.requests[0]
-            _start(pair)
-            _wait(pair)
+        buf, incoming, last = self.buf, self.incoming, self.last
+        if last == 0:  # two ranks: one exchange, without the loop's cost (about 0.3 us of 4.4)
+            _start(self.requests[0])
+            _wait(self.requests[0])
             op.combine(buf, incoming, True)
             return
-        last = self.last
         for i, pair in enumerate(self.requests):
             _start(pair)
             _wait(pair)
@@ -62,14 +60,13 @@ class Exchanges:
 
 def lookup(comm, buf: np.ndarray, partners: Sequence[int], tag: int) -> Optional[Exchanges]:
     """``buf``'s exchanges with ``partners``, or ``None`` if it should take the plain path."""
-    hot = comm.persistent_hot  # the one used last: a loop's buffer, found without a dictionary
-    if hot is not None and hot.buf is buf and hot.size == buf.size and hot.dtype is buf.dtype:
-        return hot
-    kept = comm.persistent
-    found = kept.get(id(buf))
+    found = comm.persistent_hot  # the one used last: a loop's buffer, found without a dictionary
+    if found is None or found.buf is not buf:
+        found = comm.persistent.get(id(buf))
     if found is not None and found.size == buf.size and found.dtype is buf.dtype:
         comm.persistent_hot = found
         return found
+    kept = comm.persistent
     if buf.nbytes > MAX_BYTES:
         return None
     seen = comm.persistent_last

@@ -4,8 +4,8 @@ A step sends one range of the buffer to a partner while receiving that partner's
 range and folding it into this rank's own. Sent whole, a large range lands in the scratch buffer
 and has left the cache by the time the fold reads it back. Sent in pieces of at most ``PIECE``
 bytes (half of this machine's 1 MiB L2), each piece is folded in while it is still in cache:
-measured on the 2-core development machine at p = 2 and 16 MiB, 3.0-3.6 ms instead of
-3.8-4.3 ms (docs/performance.md).
+measured on the 2-core development machine at p = 2 and 16 MiB, 2.4-3.3 ms instead of
+3.8-4.2 ms (docs/performance.md).
 
 Only when every rank has a core of its own: when ranks share cores, each extra message can cost
 a context switch, which is more than the cache saves (``LibraryComm.oversubscribed``).

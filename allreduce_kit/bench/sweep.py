@@ -10,7 +10,6 @@ from ..algorithms import ALGORITHMS
 from ..algorithms.mpi import MPI_OPS
 from ..collective import allreduce
 from ..comm import library_comm
-from ..reduction import reduction
 from .. import selection
 from .timing import time_calls
 
@@ -64,7 +63,7 @@ def make_call(name: str, buf: np.ndarray, op: str, comm: MPI.Intracomm,
     if name == "mpi" and mpi_direct:
         lib, mpi_op = library_comm(comm), MPI_OPS["sum" if op == "mean" else op]
         if op == "mean":
-            red = lib.reduction(op)
+            red = lib.reductions[op]
             return lambda: (lib.Allreduce(MPI.IN_PLACE, buf, op=mpi_op), red.finish(buf))
         return lambda: lib.Allreduce(MPI.IN_PLACE, buf, op=mpi_op)
     return lambda: allreduce(buf, op=op, algorithm=name, comm=comm)

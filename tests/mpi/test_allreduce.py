@@ -125,7 +125,7 @@ def test_kernels_use_only_this_ranks_share_of_the_node(comm):
 
     lib = library_comm(comm)
     assert lib.threads == thread_share(comm) >= 1
-    assert lib.reduction("sum").threads == lib.threads
+    assert lib.reductions["sum"].threads == lib.threads
 
 
 @pytest.mark.mpi
