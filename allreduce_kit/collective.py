@@ -9,7 +9,7 @@ from . import kernels
 from .algorithms import ALGORITHMS
 from .comm import _world, library_comm
 from .reduction import OPS
-from . import selection, stall
+from . import selection
 from .stall import INSPECTOR
 
 #: ``ALLREDUCE_KIT_CHECK=1`` turns ``check=True`` on for every call that does not say otherwise.
@@ -17,6 +17,7 @@ CHECK_BY_DEFAULT = os.environ.get("ALLREDUCE_KIT_CHECK", "0").lower() not in (""
 
 
 _DTYPES = frozenset(kernels.DTYPES)
+_OPS = frozenset(OPS)
 
 
 def validate(buf, op: str, algorithm: str) -> None:
@@ -88,10 +89,6 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
     so that a call that differs between ranks, or is malformed on any rank, raises on every
     rank instead of hanging or producing garbage.
 
-    A buffer of at most 16 KiB passed call after call may stay referenced by the library (at
-    most 8 per communicator, until displaced or the communicator is freed), because it keeps
-    persistent requests for it (``algorithms/persistent.py``).
-
     If the call has not finished after ``stall_timeout`` seconds (default: see
     ``allreduce_kit.stall``; 0 turns it off), the ranks that are waiting print which ranks have
     not arrived and the job is aborted.
@@ -103,18 +100,20 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
         except (TypeError, ValueError) as error:
             _agree(lib, buf, op, algorithm, error)
         _agree(lib, buf, op, algorithm, None)
-    else:
-        validate(buf, op, algorithm)
+    elif not (type(buf) is np.ndarray and buf.flags.carray and buf.dtype in _DTYPES and op in _OPS
+              and (algorithm == "auto" or algorithm in ALGORITHMS)):
+        validate(buf, op, algorithm)  # says what is wrong; passes a well-formed subclass or unaligned array
     if lib.nranks == 1 or buf.size == 0:
         return buf
-    if algorithm == "auto":
-        algorithm = selection.choose_for(lib, buf.nbytes)
+    if algorithm == "auto":  # a size seen before is one dictionary lookup
+        auto = lib.auto
+        algorithm = (auto is not None and auto.memo.get(buf.nbytes)) or selection.choose_for(lib, buf.nbytes)
     red = lib.reductions[op]
     # The stall inspector's bookkeeping, inline: a small message's whole call is a few
     # microseconds (see the comment in ``stall.Inspector``).
     watch = lib.watch
     watch.calls += 1
-    INSPECTOR.current = (watch, stall.default_timeout if stall_timeout is None else stall_timeout, algorithm, buf)
+    INSPECTOR.current = (watch, stall_timeout, algorithm, buf)
     try:
         ALGORITHMS[algorithm](lib, buf if buf.ndim == 1 else buf.reshape(-1), red)
     finally:

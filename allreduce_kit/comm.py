@@ -36,11 +36,9 @@ class LibraryComm(MPI.Intracomm):
         self.reductions = Reductions(self.nranks, self.threads)
         #: Per-communicator cache for ``algorithm="auto"`` (see ``selection.py``).
         self.auto = None
-        #: ``id(buf)`` -> persistent requests for a small buffer, the ones used last, and the
-        #: last small buffer seen (``algorithms/persistent.py``).
-        self.persistent: Dict[int, object] = {}
-        self.persistent_hot = None
-        self.persistent_last = None
+        #: tag -> an algorithm's compiled exchange loop, or ``None`` if there is none
+        #: (``algorithms/native.py``).
+        self.native: Dict[int, object] = {}
         self.watch = INSPECTOR.watch(self)
         return self
 
@@ -75,10 +73,6 @@ class LibraryComm(MPI.Intracomm):
 def _free_clone(comm: MPI.Comm, keyval: int, clone: LibraryComm) -> None:
     if not MPI.Is_finalized():
         INSPECTOR.unwatch(clone.watch)
-        for kept in clone.persistent.values():
-            kept.free()
-        clone.persistent.clear()
-        clone.persistent_hot = None
         clone.Free()
 
 

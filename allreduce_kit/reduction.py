@@ -22,8 +22,8 @@ class Reduction:
     Everything a call needs is looked up once, here, not on every call.
     """
 
-    __slots__ = ("op", "size", "threads", "base", "_reduce_into", "_reduce_serial", "_code", "_sum_divide_into",
-                 "_divide", "_mean")
+    __slots__ = ("op", "size", "threads", "base", "code", "divisor", "_reduce_into", "_reduce_serial", "_code",
+                 "_sum_divide_into", "_divide", "_mean")
 
     def __init__(self, op: str, size: int, threads: int = 1, backend=None):
         backend = backend or _kernels
@@ -34,6 +34,11 @@ class Reduction:
         self._mean = op == "mean"
         self._reduce_into = backend.reduce_into
         self._reduce_serial, self._code = backend.reduce_serial, backend.OP_CODES[self.base]
+        #: The op code of the numba kernels (``kernels.OP_CODES``) for compiled callers that call
+        #: ``kernels/reduce.py`` themselves; ``None`` when another backend does the arithmetic.
+        self.code = self._code if backend is kernels else None
+        #: What a compiled caller divides by after its last fold: ``size`` for a mean, else 0.
+        self.divisor = size if self._mean else 0
         self._sum_divide_into = backend.sum_divide_into
         self._divide = backend.divide
 

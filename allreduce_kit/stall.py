@@ -133,7 +133,8 @@ class Inspector:
             self.watches.clear()
 
     # A collective tells the inspector it started on ``watch``'s communicator with
-    # ``watch.calls += 1; INSPECTOR.current = (watch, timeout, algorithm, buf)``, and that it ended
+    # ``watch.calls += 1; INSPECTOR.current = (watch, timeout, algorithm, buf)`` (``timeout`` ``None``:
+    # ``default_timeout``, read here), and that it ended
     # with ``INSPECTOR.current = None`` (in a ``finally``). ``allreduce`` does that inline: a
     # counter and one fresh tuple, because for small messages a method call is a measurable
     # share of the call. The watchdog, not the caller, reads the clock.
@@ -153,6 +154,8 @@ class Inspector:
                 self.slow_reported.clear()
                 continue
             watch, timeout, algorithm, buf = current
+            if timeout is None:
+                timeout = default_timeout
             waited = time.monotonic() - seen_at
             if timeout > 0 and waited > timeout * (1 + len(self.slow_reported)):
                 what = f"allreduce(algorithm={algorithm!r}, {buf.size} x {buf.dtype})"

@@ -30,8 +30,8 @@ name                   what it does                                 when it is t
 ``recursive_doubling`` and ``rabenseifner`` fold rank counts that are not a power of two into
 one that is first (``fold.py``), as MPICH does. ``ring`` and ``rabenseifner`` send large
 reduce-scatter steps in cache-sized pieces when every rank has a core (``pieces.py``);
-``recursive_doubling`` reuses persistent requests for a small buffer passed again and again
-(``persistent.py``). ``algorithm="auto"`` picks one of these by
+``recursive_doubling`` runs a small buffer's exchange loop in compiled code, calling MPI's C
+``MPI_Sendrecv`` (``native.py``). ``algorithm="auto"`` picks one of these by
 message size and rank count (``allreduce_kit/selection.py``).
 """
 from typing import Callable, Dict

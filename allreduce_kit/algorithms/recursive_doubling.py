@@ -5,10 +5,12 @@ bit k and combines the two; after lg p steps every rank holds the full reduction
 compute ``a op b`` and ``b op a``: the kernels give the same bits in either order (see
 ``kernels/reduce.py``), so every rank ends bitwise identical. Latency-optimal (lg p messages,
 no separate broadcast phase); every step moves and reduces the whole buffer. MPICH's choice for
-short messages. Rank counts that are not a power of two are folded first (``fold.py``). A
-small buffer passed again and again reuses persistent requests (``persistent.py``).
+short messages. Rank counts that are not a power of two are folded first (``fold.py``). For a
+small buffer the exchange loop runs in compiled code (``native.py``).
 """
-from . import persistent, register
+from mpi4py import MPI
+
+from . import native, register
 from .fold import fold_in, fold_out
 
 TAG = 104
@@ -20,9 +22,13 @@ def allreduce(comm, buf, op):
     if fold.rem:
         fold_in(comm, buf, op, fold)
     if fold.partners:
-        kept = persistent.lookup(comm, buf, fold.partners, TAG)
-        if kept is not None:
-            kept.run(op)
+        compiled = comm.native.get(TAG, False)
+        if compiled is False:
+            compiled = comm.native[TAG] = native.exchange_for(comm, fold.partners, TAG)
+        if compiled is not None and op.code is not None and buf.nbytes <= native.MAX_BYTES:
+            err = native.exchange(buf, compiled.state, compiled.handles, op.code, op.divisor)
+            if err:
+                raise MPI.Exception(err)
         else:
             incoming = comm.scratch(buf.size, buf.dtype)
             last = fold.partners[-1]
