@@ -5,8 +5,32 @@ Without this, a rank that raises exits while the others wait in a collective for
 """
 import os
 import sys
+import time
+from typing import NoReturn, Optional
 
 from mpi4py import MPI
+
+#: Seconds between a rank's last words and its ``Abort``: MPICH's launcher can tear the job
+#: down before it forwards the last lines the aborting rank wrote to stderr.
+FORWARD_SECONDS = 1.0
+
+
+def flush_for_launcher() -> None:
+    """Flush stdout and stderr, then give the launcher time to forward them."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    time.sleep(FORWARD_SECONDS)
+
+
+def abort_job(message: Optional[str] = None, code: int = 1) -> NoReturn:
+    """Write ``message`` (one line) to stderr if given, let it reach the launcher, then end
+    every rank of the job with ``MPI.COMM_WORLD.Abort(code)``."""
+    try:
+        if message:
+            sys.stderr.write(message.rstrip("\n") + "\n")
+        flush_for_launcher()
+    finally:
+        MPI.COMM_WORLD.Abort(code)
 
 
 def install_abort_hook() -> bool:
@@ -24,10 +48,8 @@ def install_abort_hook() -> bool:
             rank = MPI.COMM_WORLD.Get_rank()
             sys.stderr.write(f"allreduce_kit: uncaught {kind.__name__} on rank {rank}; aborting the job\n")
             previous(kind, value, traceback)
-            sys.stderr.flush()
-            sys.stdout.flush()
         finally:
-            MPI.COMM_WORLD.Abort(1)
+            abort_job()
 
     hook._allreduce_kit_abort = True
     sys.excepthook = hook

@@ -22,6 +22,8 @@ from typing import List, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
+from .abort import abort_job
+
 DEFAULT_TIMEOUT = 60.0
 QUERY, REPLY = 1, 2
 #: How long a stuck rank waits for the others' watchdogs to answer its query, in seconds.
@@ -176,10 +178,7 @@ class Inspector:
             parts.append(f"missing ranks (have not reached this call): {behind}")
         if silent:
             parts.append(f"ranks that did not answer (dead, or blocked outside Python): {silent}")
-        sys.stderr.write(head + "; ".join(parts) + ". Aborting the job.\n")
-        sys.stderr.flush()
-        time.sleep(1.0)  # let the launcher forward the report before the abort tears the job down
-        MPI.COMM_WORLD.Abort(1)
+        abort_job(head + "; ".join(parts) + ". Aborting the job.")
 
 
 INSPECTOR = Inspector()

@@ -33,11 +33,12 @@ the job rather than wait forever.
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
+from ..abort import abort_job, flush_for_launcher
 from ..algorithms.ring import segment_bounds
 from . import checkpoint, data
 from .model import MLP
@@ -268,14 +269,14 @@ class ParameterServer:
         MPI.COMM_WORLD.Abort(1)
 
     def _say_aborting(self, why: str) -> None:
-        sys.stdout.flush()
-        sys.stderr.write(f"allreduce_kit.train: parameter server rank {self.rank}: {why}; aborting the job\n")
-        sys.stderr.flush()
-        time.sleep(1.0)  # let the launcher forward this line before an abort tears the job down
+        sys.stderr.write(f"{self._aborting(why)}\n")
+        flush_for_launcher()
 
-    def _abort(self, why: str) -> None:
-        self._say_aborting(why)
-        MPI.COMM_WORLD.Abort(1)
+    def _abort(self, why: str) -> NoReturn:
+        abort_job(self._aborting(why))
+
+    def _aborting(self, why: str) -> str:
+        return f"allreduce_kit.train: parameter server rank {self.rank}: {why}; aborting the job"
 
 
 class Worker:
