@@ -22,15 +22,28 @@ def flush_for_launcher() -> None:
     time.sleep(FORWARD_SECONDS)
 
 
+def end_job(code: int = 1) -> NoReturn:
+    """``MPI.COMM_WORLD.Abort(code)``, and never return.
+
+    MPICH's ``MPI_Abort`` can return before the launcher has killed this process (seen here:
+    about one call in three returned at once), and the caller would then carry on, for example
+    to report the same failure again. So the process exits right there if it does.
+    """
+    try:
+        MPI.COMM_WORLD.Abort(code)
+    finally:
+        os._exit(code)
+
+
 def abort_job(message: Optional[str] = None, code: int = 1) -> NoReturn:
     """Write ``message`` (one line) to stderr if given, let it reach the launcher, then end
-    every rank of the job with ``MPI.COMM_WORLD.Abort(code)``."""
+    every rank of the job (``end_job``)."""
     try:
         if message:
             sys.stderr.write(message.rstrip("\n") + "\n")
         flush_for_launcher()
     finally:
-        MPI.COMM_WORLD.Abort(code)
+        end_job(code)
 
 
 def install_abort_hook() -> bool:

@@ -38,7 +38,7 @@ from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from ..abort import abort_job, flush_for_launcher
+from ..abort import abort_job, end_job, flush_for_launcher
 from ..algorithms.ring import segment_bounds
 from . import checkpoint, data
 from .model import MLP
@@ -266,7 +266,7 @@ class ParameterServer:
         self._say_aborting(f"worker rank {src} failed {time.perf_counter() - self.start:.2f} s into the run, after "
                            f"{self.pushes[src]} gradients: {bytes(text[:nbytes]).decode(errors='replace')}")
         self.comm.Send(self._int1, dest=src, tag=TAG_ACK)  # only once the report is out: the worker then aborts too
-        MPI.COMM_WORLD.Abort(1)
+        end_job(1)
 
     def _say_aborting(self, why: str) -> None:
         sys.stderr.write(f"{self._aborting(why)}\n")
