@@ -12,7 +12,8 @@ Portable across MPI libraries: the function pointer comes from the library mpi4p
 to, and the handles are passed with the width that library gives them (``int`` in MPICH and
 its derivatives, a pointer in Open MPI and the MPI ABI), which is part of the compiled
 function's signature, so a cache compiled against one library is never used with another. If
-the symbol cannot be found, ``plan_for`` returns ``None`` and the caller takes its Python path.
+the symbol cannot be found, ``exchange_for`` returns ``None`` and the caller takes its Python
+path (mpi4py's ``Sendrecv``), which gives bitwise the same result (tested).
 """
 import ctypes
 from typing import Optional, Sequence
