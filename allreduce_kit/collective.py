@@ -22,6 +22,9 @@ _OPS = frozenset(OPS)
 
 def validate(buf, op: str, algorithm: str) -> None:
     """Raise ``TypeError``/``ValueError`` naming the argument if this rank's call is malformed."""
+    if (type(buf) is np.ndarray and buf.flags.carray and buf.dtype in _DTYPES and op in _OPS
+            and (algorithm == "auto" or algorithm in ALGORITHMS)):
+        return  # the common case in one expression; below, each check names what is wrong
     if not isinstance(buf, np.ndarray):
         raise TypeError(f"allreduce: buf must be a numpy.ndarray, got {type(buf).__name__}")
     if buf.dtype not in _DTYPES:
@@ -100,14 +103,12 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
         except (TypeError, ValueError) as error:
             _agree(lib, buf, op, algorithm, error)
         _agree(lib, buf, op, algorithm, None)
-    elif not (type(buf) is np.ndarray and buf.flags.carray and buf.dtype in _DTYPES and op in _OPS
-              and (algorithm == "auto" or algorithm in ALGORITHMS)):
-        validate(buf, op, algorithm)  # says what is wrong; passes a well-formed subclass or unaligned array
+    else:
+        validate(buf, op, algorithm)
     if lib.nranks == 1 or buf.size == 0:
         return buf
-    if algorithm == "auto":  # a size seen before is one dictionary lookup
-        auto = lib.auto
-        algorithm = (auto is not None and auto.memo.get(buf.nbytes)) or selection.choose_for(lib, buf.nbytes)
+    if algorithm == "auto":
+        algorithm = selection.choose_for(lib, buf.nbytes)
     red = lib.reductions[op]
     # The stall inspector's bookkeeping, inline: a small message's whole call is a few
     # microseconds (see the comment in ``stall.Inspector``).

@@ -47,10 +47,7 @@ def reduce_into(dst: np.ndarray, src: np.ndarray, op: str, threads: int = 0) -> 
 
 def divide(buf: np.ndarray, divisor: int) -> None:
     """``buf /= divisor`` in place; integers truncate toward zero."""
-    if buf.dtype.kind == "f":
-        _k.fdivide(buf, buf.dtype.type(divisor))
-    else:
-        _k.idivide(buf, divisor)
+    _k.divide(buf, divisor)
 
 
 def sum_divide_into(dst: np.ndarray, src: np.ndarray, divisor: int) -> None:

@@ -13,9 +13,9 @@ rank's result identical whichever operand order an algorithm uses:
 - mean is sum followed by a division by the rank count; for integers the division truncates
   toward zero (C and NCCL semantics).
 """
-import math
 
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
 _FLAGS = dict(cache=True, nogil=True, error_model="numpy")
 
@@ -94,6 +94,23 @@ def fdivide(buf, d):
 def idivide(buf, d):
     for i in range(buf.size):
         buf[i] = _trunc_div(buf[i], d)
+
+
+def _divide_in_dtype(buf, d):
+    """``fdivide`` or ``idivide``, chosen by ``buf``'s dtype when a caller is compiled."""
+
+
+@overload(_divide_in_dtype)
+def _divide_for(buf, d):
+    if isinstance(buf.dtype, types.Float):
+        return lambda buf, d: fdivide(buf, buf.dtype.type(d))
+    return lambda buf, d: idivide(buf, d)
+
+
+@njit(**_FLAGS)
+def divide(buf, d):
+    """buf = buf / d in buf's dtype; integers truncate toward zero. Callable from compiled code."""
+    _divide_in_dtype(buf, d)
 
 
 @njit(**_FLAGS)

@@ -21,6 +21,7 @@ from typing import Optional, Sequence
 import numpy as np
 from llvmlite import ir
 from mpi4py import MPI
+from mpi4py.util.dtlib import from_numpy_dtype
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
@@ -29,10 +30,6 @@ from ..kernels import DTYPES, reduce as _loops
 #: Buffers up to this many bytes take the compiled path; it allocates its receive buffer on
 #: every call, which is cheap only while small. Above it, per-call costs no longer matter.
 MAX_BYTES = 64 << 10
-
-#: numpy dtype -> the MPI datatype of its elements.
-_MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE,
-              np.dtype(np.int32): MPI.INT32_T, np.dtype(np.int64): MPI.INT64_T}
 
 
 @intrinsic
@@ -73,17 +70,6 @@ def _slot_of(buf):
     return lambda buf: slot
 
 
-def _divide(buf, divisor):
-    """``buf /= divisor`` as ``kernels.divide`` does it (integers truncate toward zero)."""
-
-
-@overload(_divide)
-def _divide_as_dtype(buf, divisor):
-    if isinstance(buf.dtype, types.Float):
-        return lambda buf, divisor: _loops.fdivide(buf, buf.dtype.type(divisor))
-    return lambda buf, divisor: _loops.idivide(buf, divisor)
-
-
 @njit(cache=True, nogil=True)
 def exchange(buf, state, handles, code, divisor):
     """For each partner in ``state[3:]``: swap ``buf`` with it, then ``buf = buf op partner's``
@@ -102,7 +88,7 @@ def exchange(buf, state, handles, code, divisor):
             return err
         _loops.combine(buf, incoming, code)
     if divisor != 0:
-        _divide(buf, divisor)
+        _loops.divide(buf, divisor)
     return 0
 
 
@@ -134,7 +120,7 @@ class Exchange:
         self.state = np.array([_SENDRECV, tag, self.status.ctypes.data, *partners], np.int64)
         # ``_handleof`` gives a handle's bits as an unsigned integer; the C type may be signed.
         signed = ctypes.c_int32 if _HANDLE_BYTES == 4 else ctypes.c_int64
-        handles = [comm] + [_MPI_TYPES[dtype] for dtype in DTYPES]
+        handles = [comm] + [from_numpy_dtype(dtype) for dtype in DTYPES]
         self.handles = np.array([signed(MPI._handleof(h)).value for h in handles], _HANDLE_DTYPE)
 
 
