@@ -36,8 +36,8 @@ class LibraryComm(MPI.Intracomm):
         self.reductions = Reductions(self.nranks, self.threads)
         #: Per-communicator cache for ``algorithm="auto"`` (see ``selection.py``).
         self.auto = None
-        #: tag -> an algorithm's compiled exchange loop, or ``None`` if there is none
-        #: (``algorithms/native.py``).
+        #: tag -> an algorithm's compiled exchange loop or shared window, or ``None`` if there
+        #: is none (``algorithms/native.py``, ``algorithms/shared_memory.py``).
         self.native: Dict[int, object] = {}
         self.watch = INSPECTOR.watch(self)
         return self
@@ -73,6 +73,9 @@ class LibraryComm(MPI.Intracomm):
 def _free_clone(comm: MPI.Comm, keyval: int, clone: LibraryComm) -> None:
     if not MPI.Is_finalized():
         INSPECTOR.unwatch(clone.watch)
+        for held in clone.native.values():
+            if hasattr(held, "free"):  # a shared window (``algorithms/shared_memory.py``)
+                held.free()
         clone.Free()
 
 

@@ -21,7 +21,7 @@ for step in $STEPS; do
   tune)    # crossover points for auto -> OUTDIR/tuning.json (copy the rules into selection.BUILTIN)
     rm -f "$OUT/tuning.json"  # rules for each p are added in turn
     for p in $RANKS; do
-      $MPIEXEC -n "$p" $BENCH -b 4 -e 64M -f 2 -n 6 -w 2 -a naive,tree,ring,recursive_doubling,rabenseifner,mpi \
+      $MPIEXEC -n "$p" $BENCH -b 4 -e 64M -f 2 -n 6 -w 2 -a naive,tree,ring,recursive_doubling,rabenseifner,shared_memory,mpi \
         --tune "$OUT/tuning.json" --json "$OUT/tune-p$p.json" | tee "$OUT/tune-p$p.txt"
     done ;;
   sweep)   # the tables and plots: float32 sum, 4 B to 64 MiB, every algorithm, auto on the built-in table

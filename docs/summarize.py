@@ -12,7 +12,7 @@ import statistics
 import sys
 from collections import defaultdict
 
-OURS = ("naive", "tree", "ring", "recursive_doubling", "rabenseifner")
+OURS = ("naive", "tree", "ring", "recursive_doubling", "rabenseifner", "shared_memory")
 
 
 def load(path):

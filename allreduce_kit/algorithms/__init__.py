@@ -57,4 +57,4 @@ def register(name: str) -> Callable[[Algorithm], Algorithm]:
     return add
 
 
-from . import naive, tree, ring, recursive_doubling, rabenseifner, mpi  # noqa: E402,F401  (each module registers itself)
+from . import naive, tree, ring, recursive_doubling, rabenseifner, shared_memory, mpi  # noqa: E402,F401  (each module registers itself)

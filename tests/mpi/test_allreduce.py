@@ -147,3 +147,33 @@ def test_compiled_exchange_loop_gives_the_bits_of_the_python_loop(comm, op, dtyp
         assert np.array_equal(compiled, plain)
         assert_same_everywhere(comm, compiled)
         assert_quiet(comm)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("scatter_from", [0, 1 << 40], ids=["scattered", "whole"])
+def test_shared_memory_rounds_reuse_the_window_safely(comm, scatter_from, monkeypatch):
+    """On one node, ``shared_memory`` reduces through a window, not messages. A buffer larger
+    than a slot goes in rounds through two alternating sets of slots (forced here with 256-byte
+    slots), each round reduced scattered or whole. Calls of many lengths and dtypes, back to
+    back with nothing between them, each match MPI and end identical everywhere: no rank
+    overwrites a slot that another is still reading."""
+    from allreduce_kit.algorithms import shared_memory
+
+    monkeypatch.setattr(shared_memory, "SLOT_BYTES", 256)
+    monkeypatch.setattr(shared_memory, "SCATTER_FROM", scatter_from)
+    fresh = comm.Dup()  # a new communicator gets a new window, made with the settings above
+    try:
+        p, rank = comm.Get_size(), comm.Get_rank()
+        cases = [(n, dtype) for n in (1, max(p - 1, 1), 31, 32, 33, 1000, 4099) for dtype in ("float64", "int32")]
+        inputs = [local_values(n, dtype, rank) for n, dtype in cases]
+        expected = [oracle(comm, x, "sum") for x in inputs]
+        tolerance = [float_tolerance(comm, x, "sum") if x.dtype.kind == "f" else 0 for x in inputs]
+        results = [allreduce(x.copy(), op="sum", algorithm="shared_memory", comm=fresh) for x in inputs]
+        for (n, dtype), got, want, tol in zip(cases, results, expected, tolerance):
+            assert np.all(np.abs(got.astype(np.float64) - want) <= tol), f"n={n} {dtype}"
+            assert_same_everywhere(comm, got)
+        if p > 1:
+            assert isinstance(library_comm(fresh).native[shared_memory.TAG], shared_memory.Window)
+        assert_quiet(comm)
+    finally:
+        fresh.Free()

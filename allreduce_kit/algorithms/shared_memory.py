@@ -1,0 +1,194 @@
+"""Allreduce through a window every rank of the node maps: no messages, only copies and flags.
+
+Every rank copies its buffer into its own slot of an ``MPI_Win_allocate_shared`` window and
+publishes the call's number in its flag (a release store); once every other rank's flag has
+reached that number (acquire loads), the slots are folded together, in rank order. A small
+round is folded whole by every rank. A round of ``SCATTER_FROM`` bytes or more is reduced
+scattered: each rank folds its 1/p of the round into slot 0, raises a second flag, and once all
+have, every rank copies the whole result out. Either way each element is computed from the
+same operands in the same order wherever it is computed, so every rank ends bitwise identical.
+A buffer larger than a slot goes in slot-sized rounds, each with its own call number. The
+whole loop runs in one compiled function (``_allreduce``).
+
+Slots come in two sets, used by odd and even rounds. A rank raises its flag for round g + 1 only
+after it has read everything of round g, so no rank can overwrite a slot (at round g + 2) that
+another rank is still reading.
+
+Waiting is a spin on the flags, which is right when every rank has a core of its own; when
+ranks share cores (``LibraryComm.oversubscribed``), each turn of the spin yields the core
+(``sched_yield``) to a rank that has work to do, which is where this beats MPI's messages most
+on the 2-core development machine (docs/performance.md). A communicator that spans nodes, or
+an op without a numba kernel (the bench's ``--kernel numpy``), takes ``recursive_doubling``
+instead. The window (``2 p SLOT_BYTES`` bytes and a cache line per flag) is made on the first
+call on a communicator and freed with it.
+"""
+import ctypes
+from typing import Dict, Optional
+
+import numpy as np
+from llvmlite import ir
+from mpi4py import MPI
+from numba import njit, types
+from numba.extending import intrinsic
+
+from . import register
+from ..kernels import reduce as _loops
+from .recursive_doubling import allreduce as _recursive_doubling
+
+#: Bytes in one rank's slot, per set; larger buffers go in rounds of this size. Read when a
+#: communicator's window is made, like ``SCATTER_FROM``.
+SLOT_BYTES = 64 << 10
+#: Rounds of at least this many bytes are reduced scattered, smaller ones whole on every rank.
+SCATTER_FROM = 16 << 10
+#: Each flag has a cache line to itself, so raising one never disturbs another.
+_LINE = 64
+#: Key of the window in ``LibraryComm.native`` (no message carries it).
+TAG = 107
+
+
+@intrinsic
+def _load_acquire(typingctx, address):
+    """The int64 at ``address``, read with acquire ordering (later reads are not moved before it)."""
+    sig = types.int64(address)
+
+    def codegen(context, builder, signature, args):
+        return builder.load_atomic(builder.inttoptr(args[0], ir.IntType(64).as_pointer()), "acquire", 8)
+
+    return sig, codegen
+
+
+@intrinsic
+def _store_release(typingctx, address, value):
+    """Write the int64 ``value`` at ``address`` with release ordering (earlier writes are visible first)."""
+    sig = types.void(address, types.int64)
+
+    def codegen(context, builder, signature, args):
+        builder.store_atomic(args[1], builder.inttoptr(args[0], ir.IntType(64).as_pointer()), "release", 8)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _call(typingctx, address):
+    """Call the C function ``int f(void)`` at ``address``."""
+    sig = types.int32(address)
+
+    def codegen(context, builder, signature, args):
+        fnty = ir.FunctionType(ir.IntType(32), [])
+        return builder.call(builder.inttoptr(args[0], fnty.as_pointer()), [])
+
+    return sig, codegen
+
+
+@njit(cache=True, nogil=True)
+def _wait_all(flags, line, size, gen, yield_fn):
+    """Until every rank's flag number ``line`` (0 or 1) has reached ``gen``."""
+    for k in range(size):
+        while _load_acquire(flags + _LINE * (2 * k + line)) < gen:
+            if yield_fn != 0:
+                _call(yield_fn)
+
+
+@njit(cache=True, nogil=True)
+def _allreduce(buf, slots, state, code, divisor):
+    """Reduce ``buf`` in place with every rank of the window (``code``: ``kernels.OP_CODES``;
+    ``divisor``: divide the result by it unless 0).
+
+    ``slots``: the window's slot area viewed as ``buf``'s dtype; ``state``: this rank, the rank
+    count, the flags' address, ``sched_yield``'s address (0: spin without yielding), the
+    number of the last round (advanced here), ``SCATTER_FROM`` and ``SLOT_BYTES``.
+    """
+    rank, size, flags, yield_fn = state[0], state[1], state[2], state[3]
+    gen = state[4]
+    scatter_from = state[5]
+    per_slot = state[6] // buf.itemsize
+    n = buf.size
+    start = 0
+    while start < n:
+        stop = min(start + per_slot, n)
+        m = stop - start
+        gen += 1
+        base = (gen & 1) * size * per_slot
+        slots[base + rank * per_slot:base + rank * per_slot + m] = buf[start:stop]
+        _store_release(flags + _LINE * 2 * rank, gen)
+        _wait_all(flags, 0, size, gen, yield_fn)
+        if m * buf.itemsize >= scatter_from:
+            a, b = rank * m // size, (rank + 1) * m // size
+            mine = slots[base + a:base + b]
+            for k in range(1, size):
+                _loops.combine(mine, slots[base + k * per_slot + a:base + k * per_slot + b], code)
+            if divisor != 0:
+                _loops.divide(mine, divisor)
+            _store_release(flags + _LINE * (2 * rank + 1), gen)
+            _wait_all(flags, 1, size, gen, yield_fn)
+            buf[start:stop] = slots[base:base + m]
+        else:
+            piece = buf[start:stop]
+            piece[:] = slots[base:base + m]
+            for k in range(1, size):
+                _loops.combine(piece, slots[base + k * per_slot:base + k * per_slot + m], code)
+            if divisor != 0:
+                _loops.divide(piece, divisor)
+        start = stop
+    state[4] = gen
+
+
+def _address_of_sched_yield() -> int:
+    try:
+        return ctypes.cast(ctypes.CDLL(None).sched_yield, ctypes.c_void_p).value or 0
+    except (OSError, AttributeError):
+        return 0
+
+
+class Window:
+    """One communicator's shared window: two flags per rank, two sets of slots, and
+    ``_allreduce``'s state."""
+
+    def __init__(self, node: MPI.Intracomm, oversubscribed: bool):
+        size, rank = node.Get_size(), node.Get_rank()
+        self.node = node
+        flag_bytes = 2 * _LINE * size
+        # Rank 0 allocates the whole window, so it is one contiguous block for every rank.
+        self.win = MPI.Win.Allocate_shared(flag_bytes + 2 * size * SLOT_BYTES if rank == 0 else 0, 1, comm=node)
+        memory, _ = self.win.Shared_query(0)
+        self.memory = np.frombuffer(memory, np.uint8)
+        flags = self.memory[:flag_bytes].view(np.int64)
+        flags[2 * rank * _LINE // 8] = flags[(2 * rank + 1) * _LINE // 8] = 0
+        self._area = self.memory[flag_bytes:]
+        self._views: Dict[np.dtype, np.ndarray] = {}
+        yield_fn = _address_of_sched_yield() if oversubscribed else 0
+        self.state = np.array([rank, size, flags.ctypes.data, yield_fn, 0, SCATTER_FROM, SLOT_BYTES], np.int64)
+        node.Barrier()  # every flag is 0 before any rank raises one
+
+    def slots(self, dtype: np.dtype) -> np.ndarray:
+        """The slot area viewed as ``dtype``."""
+        view = self._views.get(dtype)
+        if view is None:
+            view = self._views[dtype] = self._area.view(dtype)
+        return view
+
+    def free(self) -> None:
+        self.win.Free()
+        self.node.Free()
+
+
+def window_for(comm) -> Optional[Window]:
+    """A ``Window`` over all of ``comm``'s ranks, or ``None`` if they are not all on one node.
+    Collective over ``comm``."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    if node.Get_size() != comm.nranks:
+        node.Free()
+        return None
+    return Window(node, comm.oversubscribed)
+
+
+@register("shared_memory")
+def allreduce(comm, buf, op):
+    window = comm.native.get(TAG, False)
+    if window is False:
+        window = comm.native[TAG] = window_for(comm)
+    if window is None or op.code is None:
+        _recursive_doubling(comm, buf, op)
+    else:
+        _allreduce(buf, window.slots(buf.dtype), window.state, op.code, op.divisor)
