@@ -19,7 +19,7 @@ ranks share cores (``LibraryComm.oversubscribed``), each turn of the spin yields
 (``sched_yield``) to a rank that has work to do, which is where this beats MPI's messages most
 on the 2-core development machine (docs/performance.md). A communicator that spans nodes, or
 an op without a numba kernel (the bench's ``--kernel numpy``), takes ``recursive_doubling``
-instead. The window (``2 p SLOT_BYTES`` bytes and a cache line per flag) is made on the first
+(small buffers) or ``rabenseifner`` instead. The window (``2 p SLOT_BYTES`` bytes and a cache line per flag) is made on the first
 call on a communicator and freed with it.
 """
 import ctypes
@@ -33,6 +33,7 @@ from numba.extending import intrinsic
 
 from . import register
 from ..kernels import reduce as _loops
+from .rabenseifner import allreduce as _rabenseifner
 from .recursive_doubling import allreduce as _recursive_doubling
 
 #: Bytes in one rank's slot, per set; larger buffers go in rounds of this size. Read when a
@@ -40,6 +41,9 @@ from .recursive_doubling import allreduce as _recursive_doubling
 SLOT_BYTES = 64 << 10
 #: Rounds of at least this many bytes are reduced scattered, smaller ones whole on every rank.
 SCATTER_FROM = 16 << 10
+#: Without a window, buffers up to this many bytes take ``recursive_doubling``, larger ones
+#: ``rabenseifner`` (MPICH's own split between the two is of this order).
+FALLBACK_SPLIT = 64 << 10
 #: Each flag has a cache line to itself, so raising one never disturbs another.
 _LINE = 64
 #: Key of the window in ``LibraryComm.native`` (no message carries it).
@@ -189,6 +193,6 @@ def allreduce(comm, buf, op):
     if window is False:
         window = comm.native[TAG] = window_for(comm)
     if window is None or op.code is None:
-        _recursive_doubling(comm, buf, op)
+        (_recursive_doubling if buf.nbytes <= FALLBACK_SPLIT else _rabenseifner)(comm, buf, op)
     else:
         _allreduce(buf, window.slots(buf.dtype), window.state, op.code, op.divisor)

@@ -177,3 +177,25 @@ def test_shared_memory_rounds_reuse_the_window_safely(comm, scatter_from, monkey
         assert_quiet(comm)
     finally:
         fresh.Free()
+
+
+@pytest.mark.mpi
+def test_shared_memory_without_a_window_gives_the_bits_of_its_fallbacks(comm, monkeypatch):
+    """Where the ranks do not share one node (faked here), ``shared_memory`` has no window and
+    runs ``recursive_doubling`` for small buffers and ``rabenseifner`` for large ones, bitwise."""
+    from allreduce_kit.algorithms import shared_memory
+
+    monkeypatch.setattr(shared_memory, "window_for", lambda comm: None)
+    fresh = comm.Dup()
+    try:
+        for n, fallback in ((comm.Get_size() + 1, "recursive_doubling"), (40000, "rabenseifner")):
+            x = local_values(n, "float32", comm.Get_rank())
+            want = allreduce(x.copy(), op="mean", algorithm=fallback, comm=fresh)
+            got = allreduce(x.copy(), op="mean", algorithm="shared_memory", comm=fresh)
+            assert np.array_equal(got, want), fallback
+            assert_same_everywhere(comm, got)
+        if comm.Get_size() > 1:
+            assert library_comm(fresh).native[shared_memory.TAG] is None
+        assert_quiet(comm)
+    finally:
+        fresh.Free()
