@@ -21,18 +21,22 @@ name                   what it does                                 when it is t
                        allgather by recursive doubling              2(p-1)/p n traffic in only
                                                                     2 lg p messages (MPICH's
                                                                     long-message choice)
+``shared_memory``      every rank copies its buffer into a slot of  ranks on one node, up to a few
+                       a window the node shares, raises a flag;     MiB: no messages, and waiting
+                       once all flags are up the slots are folded   yields the core when ranks
+                       (whole, or 1/p per rank, then copied out)    share cores
 ``mpi``                MPI's own ``Allreduce``                      the oracle and the yardstick;
-                                                                    ``auto`` hands it the smallest
-                                                                    messages, where one MPI call
-                                                                    beats any Python exchange
+                                                                    ``auto`` may pick it where a
+                                                                    tuning run finds it fastest
 =====================  ===========================================  =================================
 
 ``recursive_doubling`` and ``rabenseifner`` fold rank counts that are not a power of two into
 one that is first (``fold.py``), as MPICH does. ``ring`` and ``rabenseifner`` send large
 reduce-scatter steps in cache-sized pieces when every rank has a core (``pieces.py``);
 ``recursive_doubling`` runs a small buffer's exchange loop in compiled code, calling MPI's C
-``MPI_Sendrecv`` (``native.py``). ``algorithm="auto"`` picks one of these by
-message size and rank count (``allreduce_kit/selection.py``).
+``MPI_Sendrecv`` (``native.py``); ``shared_memory`` runs without a window on communicators
+that span nodes, as ``recursive_doubling`` or ``rabenseifner``. ``algorithm="auto"`` picks one
+of these by message size and rank count (``allreduce_kit/selection.py``).
 """
 from typing import Callable, Dict
 

@@ -198,7 +198,7 @@ def preamble(comm: MPI.Intracomm, args, threads: int, auto_source: str) -> dict:
         "ranks": p, "hosts": hosts, "numba_threads_per_rank": threads, "kernel": args.kernel,
         "dtype": args.datatype, "op": args.op, "min_bytes": args.low, "max_bytes": args.high,
         "step_factor": args.stepfactor, "warmup": args.warmup_iters, "samples": args.iters,
-        "batch": args.batch or f"auto: calls fitting in {SAMPLE_SECONDS * 1e3:g} ms at warm-up pace, 1..{MAX_BATCH}", "algorithms": args.names,
+        "batch": args.batch or f"auto: calls fitting in {SAMPLE_SECONDS * 1e3:g} ms at the fastest warm-up pace of the size, 1..{MAX_BATCH}", "algorithms": args.names,
         "auto_table": auto_source,
         "timing": "per sample: restore input (untimed), barrier, then batch back-to-back calls; time per call = "
                   "slowest rank's; median, min and max over samples",
@@ -208,7 +208,7 @@ def preamble(comm: MPI.Intracomm, args, threads: int, auto_source: str) -> dict:
     say(f"# dtype {args.datatype}, op {args.op}, {human(args.low)} to {human(args.high)} x{args.stepfactor}; "
         f"reduction kernels: {args.kernel}, {threads} thread(s) per rank")
     say(f"# {args.warmup_iters} warm-up calls, then {args.iters} timed samples per row; a sample is a barrier and "
-        f"then {'%d calls' % args.batch if args.batch else f'as many calls as fit in {SAMPLE_SECONDS * 1e3:g} ms at the warm-up pace (1..{MAX_BATCH}; --json has each)'}"
+        f"then {'%d calls' % args.batch if args.batch else f'as many calls as fit in {SAMPLE_SECONDS * 1e3:g} ms at the fastest warm-up pace of the size, the same for every algorithm (1..{MAX_BATCH}; --json has each)'}"
         f" back to back")
     say("# time = the slowest rank's time per call: median, min and max over samples. algbw = size / time, "
         "busbw = algbw * 2(p-1)/p")

@@ -6,10 +6,13 @@ the slowest rank's. The algorithms of one message size take turns sample by samp
 of load from elsewhere on the machine hits them all alike and their ratios stay fair. Buffers
 exist and kernels are compiled before the first timed call (warm-up calls run first).
 
-``batch`` comes from the warm-up: as many calls as fit in ``SAMPLE_SECONDS`` at the slowest
-rank's warm-up pace (1 to ``MAX_BATCH``), unless ``--batch`` fixes it. Batching keeps a
-microsecond call from drowning in timer and barrier noise; one call per sample suffices for
-long ones.
+``batch`` comes from the warm-up: as many calls as fit in ``SAMPLE_SECONDS`` at the fastest
+algorithm's warm-up pace (on the slowest rank), 1 to ``MAX_BATCH``, unless ``--batch`` fixes
+it. Batching keeps a microsecond call from drowning in timer and barrier noise; one call per
+sample suffices for long ones. Every algorithm of a size gets the same batch: a sample's fixed
+cost (ranks leave the barrier at different times, by up to a time slice when they share cores)
+is then spread over the same number of calls for each, instead of favouring whichever
+algorithm happened to warm up fastest.
 """
 from time import perf_counter
 from typing import Callable, Dict, Tuple
@@ -33,8 +36,8 @@ def time_calls(calls: Dict[str, Callable[[], object]], restore: Callable[[], obj
             call()
         paces[j] = (perf_counter() - start) / max(warmup, 1)
     comm.Allreduce(MPI.IN_PLACE, paces, op=MPI.MAX)
-    batches = [batch if batch > 0 else int(max(1, min(MAX_BATCH, SAMPLE_SECONDS / max(pace, 1e-9))))
-               for pace in paces]
+    common = batch if batch > 0 else int(max(1, min(MAX_BATCH, SAMPLE_SECONDS / max(paces.min(), 1e-9))))
+    batches = [common] * len(calls)
     times = np.empty((len(calls), samples))
     for i in range(samples):
         for j, call in enumerate(calls.values()):
