@@ -19,8 +19,8 @@ ranks share cores (``LibraryComm.oversubscribed``), each turn of the spin yields
 (``sched_yield``) to a rank that has work to do, which is where this beats MPI's messages most
 on the 2-core development machine (docs/performance.md). A communicator that spans nodes, or
 an op without a numba kernel (the bench's ``--kernel numpy``), takes ``recursive_doubling``
-(small buffers) or ``rabenseifner`` instead. The window (``2 p SLOT_BYTES`` bytes and a cache line per flag) is made on the first
-call on a communicator and freed with it.
+(small buffers) or ``rabenseifner`` instead. The window (``2 p SLOT_BYTES`` bytes and two
+cache lines of flags per rank) is made on the first call on a communicator and freed with it.
 """
 import ctypes
 from typing import Dict, Optional
