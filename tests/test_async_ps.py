@@ -69,14 +69,18 @@ def test_one_worker_is_the_synchronous_trainer_bitwise_and_shuts_down_cleanly(mp
 
 
 def test_trade_off_straggler_hurts_sync_throughput_and_async_accuracy_lags(mpirun, tmp_path):
-    """The two effects the field argues about, at 4 ranks: directions with wide margins."""
+    """The two effects the field argues about, at 4 ranks: directions with wide margins.
+
+    Each configuration runs twice and keeps its faster run, as a benchmark would: on a shared
+    2-core machine one burst of outside load can halve a single 5-second run's throughput."""
     delay = 50
     common = ["--epochs", "2"]
     runs = {}
     for mode in ("sync", "async-ps"):
         for slow in (False, True):
             extra = ["--mode", mode] + (["--straggler", f"2:{delay}"] if slow else [])
-            runs[mode, slow], _ = _run(mpirun, 4, tmp_path, f"{mode}-{slow}", common + extra)
+            both = [_run(mpirun, 4, tmp_path, f"{mode}-{slow}-{i}", common + extra)[0] for i in (1, 2)]
+            runs[mode, slow] = max(both, key=lambda run: run["summary"]["samples_per_second"])
     kept = {mode: runs[mode, True]["summary"]["samples_per_second"] / runs[mode, False]["summary"]["samples_per_second"]
             for mode in ("sync", "async-ps")}
     # Sync: every step waits for the straggler. Async: the slow worker only contributes fewer updates.
