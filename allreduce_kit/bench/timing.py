@@ -3,7 +3,9 @@
 Each sample of each algorithm: restore the input (untimed), a barrier, then ``batch``
 back-to-back calls timed with ``perf_counter`` on every rank; the sample's time per call is
 the slowest rank's. The algorithms of one message size take turns sample by sample, so a burst
-of load from elsewhere on the machine hits them all alike and their ratios stay fair. Buffers
+of load from elsewhere on the machine hits them all alike and their ratios stay fair; each
+sample takes them in a new random order (seeded, the same on every rank), so that no algorithm
+always runs right after the same other one and inherits the state it leaves behind. Buffers
 exist and kernels are compiled before the first timed call (warm-up calls run first).
 
 ``batch`` comes from the warm-up: as many calls as fit in ``SAMPLE_SECONDS`` at the fastest
@@ -39,8 +41,11 @@ def time_calls(calls: Dict[str, Callable[[], object]], restore: Callable[[], obj
     common = batch if batch > 0 else int(max(1, min(MAX_BATCH, SAMPLE_SECONDS / max(paces.min(), 1e-9))))
     batches = [common] * len(calls)
     times = np.empty((len(calls), samples))
+    functions = list(calls.values())
+    turns = np.random.default_rng(0)  # the same seed on every rank, so every rank calls alike
     for i in range(samples):
-        for j, call in enumerate(calls.values()):
+        for j in turns.permutation(len(functions)):
+            call = functions[j]
             loop = range(batches[j])
             restore()
             comm.Barrier()
