@@ -108,7 +108,7 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
     if lib.nranks == 1 or buf.size == 0:
         return buf
     if algorithm == "auto":
-        algorithm = selection.choose_for(lib, buf.nbytes)
+        algorithm = lib.auto_choices.get(buf.nbytes) or selection.choose_for(lib, buf.nbytes)
     red = lib.reductions[op]
     # The stall inspector's bookkeeping, inline: a small message's whole call is a few
     # microseconds (see the comment in ``stall.Inspector``).

@@ -34,8 +34,10 @@ class LibraryComm(MPI.Intracomm):
         self.oversubscribed = bool(comm.allreduce(node_ranks > cores_available(), op=MPI.LOR))
         #: ``reductions[op]``: ``op`` over this communicator's ranks, on this rank's threads.
         self.reductions = Reductions(self.nranks, self.threads)
-        #: Per-communicator cache for ``algorithm="auto"`` (see ``selection.py``).
+        #: Per-communicator cache for ``algorithm="auto"`` (see ``selection.py``), and its
+        #: choices so far by message size (one dictionary lookup per call once made).
         self.auto = None
+        self.auto_choices: Dict[int, str] = {}
         #: tag -> an algorithm's compiled exchange loop or shared window, or ``None`` if there
         #: is none (``algorithms/native.py``, ``algorithms/shared_memory.py``).
         self.native: Dict[int, object] = {}

@@ -114,10 +114,10 @@ class _Auto:
 
     __slots__ = ("rules", "starts", "source", "memo")
 
-    def __init__(self, rules: Sequence[Tuple[int, str]], source: str):
+    def __init__(self, rules: Sequence[Tuple[int, str]], source: str, memo: Dict[int, str]):
         self.rules, self.source = tuple(rules), source
         self.starts = [r[0] for r in rules]
-        self.memo: Dict[int, str] = {}
+        self.memo = memo
 
     def choose(self, nbytes: int) -> str:
         name = self.rules[bisect_right(self.starts, nbytes) - 1][1]
@@ -127,7 +127,9 @@ class _Auto:
 
 
 def choose_for(lib, nbytes: int) -> str:
-    """``auto``'s choice on the library communicator ``lib`` (collective on its first call)."""
+    """``auto``'s choice on the library communicator ``lib`` (collective on its first call).
+
+    Each choice is remembered in ``lib.auto_choices``, which ``allreduce`` reads first."""
     auto = lib.auto
     if auto is None:
         auto = lib.auto = _load_everywhere(lib)
@@ -145,7 +147,7 @@ def _load_everywhere(lib) -> _Auto:
     if isinstance(loaded, ValueError):
         raise ValueError(f"allreduce(algorithm='auto'): {loaded}")
     table, source = loaded
-    return _Auto(rules_for(table, lib.nranks), source)
+    return _Auto(rules_for(table, lib.nranks), source, lib.auto_choices)
 
 
 def source_for(lib) -> str:
