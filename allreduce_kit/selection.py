@@ -110,31 +110,34 @@ def choose(nbytes: int, size: int, table: Optional[Table] = None) -> str:
 
 
 class _Auto:
-    """One communicator's table and its choices so far (a dictionary lookup per call)."""
+    """One communicator's table: its rank count's rules and where they came from."""
 
-    __slots__ = ("rules", "starts", "source", "memo")
+    __slots__ = ("rules", "starts", "source")
 
-    def __init__(self, rules: Sequence[Tuple[int, str]], source: str, memo: Dict[int, str]):
+    def __init__(self, rules: Sequence[Tuple[int, str]], source: str):
         self.rules, self.source = tuple(rules), source
         self.starts = [r[0] for r in rules]
-        self.memo = memo
 
     def choose(self, nbytes: int) -> str:
-        name = self.rules[bisect_right(self.starts, nbytes) - 1][1]
-        if len(self.memo) < 4096:
-            self.memo[nbytes] = name
-        return name
+        return self.rules[bisect_right(self.starts, nbytes) - 1][1]
+
+
+#: Message sizes remembered per communicator; beyond this, choices are looked up afresh.
+MEMO_SIZES = 4096
 
 
 def choose_for(lib, nbytes: int) -> str:
     """``auto``'s choice on the library communicator ``lib`` (collective on its first call).
 
     Each choice is remembered in ``lib.auto_choices``, which ``allreduce`` reads first."""
-    auto = lib.auto
-    if auto is None:
-        auto = lib.auto = _load_everywhere(lib)
-    name = auto.memo.get(nbytes)
-    return name if name is not None else auto.choose(nbytes)
+    name = lib.auto_choices.get(nbytes)
+    if name is None:
+        if lib.auto is None:
+            lib.auto = _load_everywhere(lib)
+        name = lib.auto.choose(nbytes)
+        if len(lib.auto_choices) < MEMO_SIZES:
+            lib.auto_choices[nbytes] = name
+    return name
 
 
 def _load_everywhere(lib) -> _Auto:
@@ -147,7 +150,7 @@ def _load_everywhere(lib) -> _Auto:
     if isinstance(loaded, ValueError):
         raise ValueError(f"allreduce(algorithm='auto'): {loaded}")
     table, source = loaded
-    return _Auto(rules_for(table, lib.nranks), source, lib.auto_choices)
+    return _Auto(rules_for(table, lib.nranks), source)
 
 
 def source_for(lib) -> str:
