@@ -4,10 +4,23 @@ The buffer is cut into p segments whose lengths differ by at most one. In step k
 reduce-scatter, rank r sends segment (r-k) mod p to its right neighbour and folds the segment
 (r-k-1) mod p arriving from its left into its own copy; after p-1 steps rank r holds the full
 reduction of segment (r+1) mod p. The allgather then passes the finished segments around the
-ring. Each rank sends and receives 2(p-1)/p of the buffer in all: bandwidth-optimal. Large
-reduce-scatter steps go in cache-sized pieces (``pieces.py``).
+ring. Each rank sends and receives 2(p-1)/p of the buffer in all: bandwidth-optimal.
+
+Two ways to move the segments, the same steps and the same bits either way:
+
+- on one node, where ranks can read each other's memory (``direct.py``), each step reads the
+  segment straight out of the left neighbour's buffer, folding it in cache-sized pieces, once
+  the neighbour's counter says it has finished the step before (``_direct``);
+- otherwise by messages, ``Sendrecv`` to the right and from the left; large reduce-scatter
+  steps go in cache-sized pieces when every rank has a core (``pieces.py``).
 """
-from . import pieces, register
+from functools import lru_cache
+
+import numpy as np
+from numba import njit
+
+from . import direct, pieces, register
+from ..kernels import reduce as _loops
 
 TAG = 103
 
@@ -17,9 +30,57 @@ def segment_bounds(n: int, p: int) -> list:
     return [(i * n) // p for i in range(p + 1)]
 
 
+@lru_cache(maxsize=256)
+def _bounds_array(n: int, p: int) -> np.ndarray:
+    return np.array(segment_bounds(n, p), np.int64)
+
+
+@njit(cache=True, nogil=True)
+def _direct(buf, bounds, state, piece, iov, code, divisor):
+    """The ring with direct reads (``direct.py``); 0, or -1 if a read failed.
+
+    Counters, from ``first``: rank r has finished reduce-scatter step k at ``first + k + 1`` and
+    allgather step k at ``first + p + k``. Rank r reads only from its left neighbour, and only
+    once the left has finished the step before. By that chain, when rank r starts allgather
+    step k its right neighbour has finished reduce-scatter step k, the last read of the segment
+    step k overwrites: only the end of the call needs a wait on the right.
+    """
+    rank, size = state[0], state[1]
+    right, left = (rank + 1) % size, (rank - 1 + size) % size
+    first = direct.begin(state, buf.ctypes.data)
+    direct.wait_for(state, left, first)
+    theirs = direct.address_of(state, left)
+    isz = buf.itemsize
+    for k in range(size - 1):  # reduce-scatter
+        s = (rank - k - 1 + size) % size
+        direct.wait_for(state, left, first + k)  # the left has folded segment s in (step k - 1)
+        mine = buf[bounds[s]:bounds[s + 1]]
+        if direct.pull_combine(state, left, mine, theirs + bounds[s] * isz, piece, iov, code) != 0:
+            return -1
+        if k == size - 2 and divisor != 0:
+            _loops.divide(mine, divisor)
+        direct.finish(state, first + k + 1)
+    for k in range(size - 1):  # allgather
+        s = (rank - k + size) % size
+        direct.wait_for(state, left, first + size - 1 + k)  # segment s is final on the left
+        if direct.pull(state, left, buf[bounds[s]:bounds[s + 1]], theirs + bounds[s] * isz, iov) != 0:
+            return -1
+        direct.finish(state, first + size + k)
+    # The caller may change the buffer on return: wait until the right neighbour has read it.
+    direct.wait_for(state, right, first + 2 * size - 2)
+    return 0
+
+
 @register("ring")
 def allreduce(comm, buf, op):
     p, rank = comm.nranks, comm.myrank
+    peers = direct.peers_for(comm)
+    if peers is not None and op.code is not None:
+        if _direct(buf, _bounds_array(buf.size, p), peers.state, peers.piece(buf.dtype), peers.iov,
+                   op.code, op.divisor) != 0:
+            raise RuntimeError("allreduce(algorithm='ring'): reading the left neighbour's buffer "
+                               f"(process_vm_readv) failed on rank {rank}; set {direct.ENV}=0 to use messages")
+        return
     right, left = (rank + 1) % p, (rank - 1) % p
     bounds = segment_bounds(buf.size, p)
     seg = [buf[bounds[i]:bounds[i + 1]] for i in range(p)]

@@ -22,16 +22,14 @@ an op without a numba kernel (the bench's ``--kernel numpy``), takes ``recursive
 (small buffers) or ``rabenseifner`` instead. The window (``2 p SLOT_BYTES`` bytes and two
 cache lines of flags per rank) is made on the first call on a communicator and freed with it.
 """
-import ctypes
 from typing import Dict, Optional
 
 import numpy as np
-from llvmlite import ir
 from mpi4py import MPI
-from numba import njit, types
-from numba.extending import intrinsic
+from numba import njit
 
 from . import register
+from .spin import address_of_sched_yield, store_release, wait_until
 from ..kernels import reduce as _loops
 from .rabenseifner import allreduce as _rabenseifner
 from .recursive_doubling import allreduce as _recursive_doubling
@@ -50,48 +48,11 @@ _LINE = 64
 TAG = 107
 
 
-@intrinsic
-def _load_acquire(typingctx, address):
-    """The int64 at ``address``, read with acquire ordering (later reads are not moved before it)."""
-    sig = types.int64(address)
-
-    def codegen(context, builder, signature, args):
-        return builder.load_atomic(builder.inttoptr(args[0], ir.IntType(64).as_pointer()), "acquire", 8)
-
-    return sig, codegen
-
-
-@intrinsic
-def _store_release(typingctx, address, value):
-    """Write the int64 ``value`` at ``address`` with release ordering (earlier writes are visible first)."""
-    sig = types.void(address, types.int64)
-
-    def codegen(context, builder, signature, args):
-        builder.store_atomic(args[1], builder.inttoptr(args[0], ir.IntType(64).as_pointer()), "release", 8)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
-def _call(typingctx, address):
-    """Call the C function ``int f(void)`` at ``address``."""
-    sig = types.int32(address)
-
-    def codegen(context, builder, signature, args):
-        fnty = ir.FunctionType(ir.IntType(32), [])
-        return builder.call(builder.inttoptr(args[0], fnty.as_pointer()), [])
-
-    return sig, codegen
-
-
 @njit(cache=True, nogil=True)
 def _wait_all(flags, line, size, gen, yield_fn):
     """Until every rank's flag number ``line`` (0 or 1) has reached ``gen``."""
     for k in range(size):
-        while _load_acquire(flags + _LINE * (2 * k + line)) < gen:
-            if yield_fn != 0:
-                _call(yield_fn)
+        wait_until(flags + _LINE * (2 * k + line), gen, yield_fn)
 
 
 @njit(cache=True, nogil=True)
@@ -115,7 +76,7 @@ def _allreduce(buf, slots, state, code, divisor):
         gen += 1
         base = (gen & 1) * size * per_slot
         slots[base + rank * per_slot:base + rank * per_slot + m] = buf[start:stop]
-        _store_release(flags + _LINE * 2 * rank, gen)
+        store_release(flags + _LINE * 2 * rank, gen)
         _wait_all(flags, 0, size, gen, yield_fn)
         if m * buf.itemsize >= scatter_from:
             a, b = rank * m // size, (rank + 1) * m // size
@@ -124,7 +85,7 @@ def _allreduce(buf, slots, state, code, divisor):
                 _loops.combine(mine, slots[base + k * per_slot + a:base + k * per_slot + b], code)
             if divisor != 0:
                 _loops.divide(mine, divisor)
-            _store_release(flags + _LINE * (2 * rank + 1), gen)
+            store_release(flags + _LINE * (2 * rank + 1), gen)
             _wait_all(flags, 1, size, gen, yield_fn)
             buf[start:stop] = slots[base:base + m]
         else:
@@ -136,13 +97,6 @@ def _allreduce(buf, slots, state, code, divisor):
                 _loops.divide(piece, divisor)
         start = stop
     state[4] = gen
-
-
-def _address_of_sched_yield() -> int:
-    try:
-        return ctypes.cast(ctypes.CDLL(None).sched_yield, ctypes.c_void_p).value or 0
-    except (OSError, AttributeError):
-        return 0
 
 
 class Window:
@@ -161,7 +115,7 @@ class Window:
         flags[2 * rank * _LINE // 8] = flags[(2 * rank + 1) * _LINE // 8] = 0
         self._area = self.memory[flag_bytes:]
         self._views: Dict[np.dtype, np.ndarray] = {}
-        yield_fn = _address_of_sched_yield() if oversubscribed else 0
+        yield_fn = address_of_sched_yield() if oversubscribed else 0
         self.state = np.array([rank, size, flags.ctypes.data, yield_fn, 0, SCATTER_FROM, SLOT_BYTES], np.int64)
         node.Barrier()  # every flag is 0 before any rank raises one
 

@@ -199,3 +199,92 @@ def test_shared_memory_without_a_window_gives_the_bits_of_its_fallbacks(comm, mo
         assert_quiet(comm)
     finally:
         fresh.Free()
+
+
+def _ring_by_messages_too():
+    """A fresh communicator on which ``ring`` keeps to messages, as if direct reads had failed
+    their check (as across nodes)."""
+    from allreduce_kit.algorithms import direct
+
+    fresh = MPI.COMM_WORLD.Dup()
+    library_comm(fresh).native[direct.KEY] = None
+    return fresh
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("op", ["sum", "mean", "max"])
+def test_ring_reads_neighbours_directly_and_gives_the_bits_of_its_messages(comm, op, monkeypatch):
+    """On one node ``ring`` reads each step's segment straight out of its left neighbour's
+    buffer (``direct.py``) instead of receiving it in a message. The steps and the order of
+    every fold are the same, so the results are bitwise those of the ring by messages, for
+    lengths from shorter than p to many read pieces (forced small here)."""
+    from allreduce_kit.algorithms import direct
+
+    monkeypatch.setattr(direct, "PIECE_BYTES", 64)  # many pieces per segment
+    reads = comm.Dup()  # its ``Peers`` are made with the piece size above
+    by_messages = _ring_by_messages_too()
+    try:
+        p, rank = comm.Get_size(), comm.Get_rank()
+        for n in (1, max(p - 1, 1), p + 1, 1000, 4099):
+            for dtype in ("float32", "int64"):
+                x = local_values(n, dtype, rank)
+                got = allreduce(x.copy(), op=op, algorithm="ring", comm=reads)
+                assert np.array_equal(got, allreduce(x.copy(), op=op, algorithm="ring", comm=by_messages)), (n, dtype)
+                assert_same_everywhere(comm, got)
+        if p > 1:
+            assert isinstance(library_comm(reads).native[direct.KEY], direct.Peers)
+            assert library_comm(by_messages).native[direct.KEY] is None
+    finally:
+        reads.Free()
+        by_messages.Free()
+
+
+@pytest.mark.mpi
+def test_ring_direct_reads_never_see_a_buffer_its_owner_has_moved_on_from(comm):
+    """A rank may reuse its buffer the moment ``allreduce`` returns, and ranks run at different
+    times (here, sharing cores, one rank also late on every other call): many calls back to
+    back, each buffer overwritten with garbage right after, all match MPI on every rank. (A ring
+    whose ranks returned without waiting for their right neighbour's last read failed this at
+    3, 4 and 8 ranks.)"""
+    import time
+
+    p, rank = comm.Get_size(), comm.Get_rank()
+    fresh = comm.Dup()
+    try:
+        for call, n in enumerate((3001, 17, 200000, 5, 64, 100003) * 4):
+            x = local_values(n, "int64", rank + call)
+            want = oracle(comm, x, "sum")
+            if rank == call % p and call % 2:
+                time.sleep(0.005)
+            got = allreduce(x, op="sum", algorithm="ring", comm=fresh)
+            assert got is x
+            assert np.array_equal(got, want), f"call {call}, n={n}"
+            x[:] = -(10**12)  # garbage, at once
+    finally:
+        fresh.Free()
+
+
+@pytest.mark.mpi
+def test_ring_keeps_to_messages_when_any_rank_cannot_read_the_others(comm, monkeypatch):
+    """Direct reads are checked once per communicator, collectively: if any rank cannot read
+    its peers' memory (a PID namespace or seccomp filter; faked here on the last rank), or any
+    rank has set ``ALLREDUCE_KIT_DIRECT=0``, every rank keeps to messages, and the results
+    still match MPI."""
+    from allreduce_kit.algorithms import direct
+
+    p, rank = comm.Get_size(), comm.Get_rank()
+    check = direct.Peers.readable  # collective: the faked rank takes part, then reports failure
+    for how in ("unreadable", "turned off"):
+        with monkeypatch.context() as patch:
+            if rank == p - 1 and how == "unreadable":
+                patch.setattr(direct.Peers, "readable", lambda self: check(self) and False)
+            if rank == p - 1 and how == "turned off":
+                patch.setenv(direct.ENV, "0")
+            fresh = comm.Dup()
+            try:
+                x = local_values(1001, "float64", rank)
+                got = allreduce(x.copy(), op="max", algorithm="ring", comm=fresh)
+                assert np.array_equal(got, oracle(comm, x, "max")), how
+                assert library_comm(fresh).native.get(direct.KEY) is None, how
+            finally:
+                fresh.Free()

@@ -1,0 +1,198 @@
+"""Single-copy transport between the ranks of one node: read a peer's buffer out of its memory.
+
+Linux's ``process_vm_readv`` copies from another process's memory into ours in one pass. It is
+what MPICH itself does with a large message between two processes of one node (its "CMA"
+path), there behind a rendezvous handshake and into whatever buffer the receive names. Called
+here, from compiled code, an algorithm step can
+
+- fold a peer's data into its own in pieces of ``PIECE_BYTES``, each read into a small
+  buffer that is still in cache when the fold reads it; through messages a step lands whole in
+  a scratch buffer that has left the cache by then;
+- skip the handshake. Each rank publishes its buffer's address once per call, then the number
+  of steps it has finished, in a small window the node shares. A reader waits until the peer
+  has finished the step whose data it needs (acquire loads, yielding the core when ranks share
+  cores); an algorithm never overwrites a range before every peer that reads it has finished
+  the step that reads it.
+
+Available when every rank of the communicator is on one node and each can read the others'
+memory, which is checked once per communicator, collectively: each rank reads a random token
+from every other and compares it with the token sent by message. Separate PID namespaces,
+seccomp filters and Yama ptrace restrictions fail here, and then the algorithms keep to
+messages; ``ALLREDUCE_KIT_DIRECT=0`` makes them keep to messages anyway.
+
+State passed to the compiled helpers (``Peers.state``): this rank, the rank count, the window's
+address, ``sched_yield``'s address (0: spin without yielding), ``process_vm_readv``'s address,
+and the number of the current call (advanced by ``begin``).
+"""
+import ctypes
+import os
+from typing import Dict, Optional
+
+import numpy as np
+from llvmlite import ir
+from mpi4py import MPI
+from numba import njit, types
+from numba.extending import intrinsic
+
+from ..kernels import reduce as _loops
+from .spin import address_of_sched_yield, load_acquire, store_release, wait_until
+
+#: Set to ``0`` to keep ``ring`` to messages even where direct reads work.
+ENV = "ALLREDUCE_KIT_DIRECT"
+#: Bytes read per piece when folding a peer's range in: a quarter of this machine's 1 MiB L2,
+#: so that the piece and the range it folds into both stay in cache (docs/performance.md).
+PIECE_BYTES = 256 << 10
+#: Key of a communicator's ``Peers`` in ``LibraryComm.native`` (no message carries it).
+KEY = 111
+#: Each rank's progress counter, and its pid and buffer address, have a cache line each.
+_LINE = 64
+#: Steps a call may count: the counters of call g run from g << _STEP_BITS upward.
+_STEP_BITS = 24
+
+
+@intrinsic
+def _process_vm_readv(typingctx, function, pid, local, remote):
+    """``process_vm_readv(pid, local, 1, remote, 1, 0)`` through its address ``function``;
+    ``local`` and ``remote`` are addresses of one ``struct iovec`` each."""
+    sig = types.int64(function, pid, local, remote)
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        fnty = ir.FunctionType(i64, [ir.IntType(32), i64, i64, i64, i64, i64])
+        one, zero = ir.Constant(i64, 1), ir.Constant(i64, 0)
+        fn = builder.inttoptr(args[0], fnty.as_pointer())
+        return builder.call(fn, [builder.trunc(args[1], ir.IntType(32)), args[2], one, args[3], one, zero])
+
+    return sig, codegen
+
+
+@njit(cache=True, nogil=True)
+def begin(state, address):
+    """Start a call: publish this rank's buffer ``address``; return the call's first counter value."""
+    state[5] += 1
+    first = state[5] << _STEP_BITS
+    store_release(state[2] + _LINE * (2 * state[0] + 1) + 8, address)
+    store_release(state[2] + _LINE * 2 * state[0], first)
+    return first
+
+
+@njit(cache=True, nogil=True)
+def finish(state, step):
+    """Tell the others this rank has finished ``step`` (a counter value of the current call)."""
+    store_release(state[2] + _LINE * 2 * state[0], step)
+
+
+@njit(cache=True, nogil=True)
+def wait_for(state, peer, step):
+    """Until rank ``peer`` has finished ``step``."""
+    wait_until(state[2] + _LINE * 2 * peer, step, state[3])
+
+
+@njit(cache=True, nogil=True)
+def address_of(state, peer):
+    """The buffer address ``peer`` published for this call (wait for its first counter value first)."""
+    return load_acquire(state[2] + _LINE * (2 * peer + 1) + 8)
+
+
+@njit(cache=True, nogil=True)
+def pull(state, peer, dst, address, iov):
+    """Copy ``dst.size`` elements from ``address`` in ``peer``'s memory into ``dst``; 0, or -1 if
+    the read failed. ``iov``: 4 int64 of room for the two ``iovec``."""
+    pid = load_acquire(state[2] + _LINE * (2 * peer + 1))
+    nbytes = dst.size * dst.itemsize
+    done = 0
+    while done < nbytes:
+        iov[0], iov[1] = dst.ctypes.data + done, nbytes - done
+        iov[2], iov[3] = address + done, nbytes - done
+        got = _process_vm_readv(state[4], pid, iov.ctypes.data, iov.ctypes.data + 16)
+        if got <= 0:
+            return -1
+        done += got
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def pull_combine(state, peer, mine, address, piece, iov, code):
+    """``mine = mine op theirs``, where ``theirs`` is ``mine.size`` elements at ``address`` in
+    ``peer``'s memory, read in pieces the size of ``piece`` (``code``: ``kernels.OP_CODES``)."""
+    n, per = mine.size, piece.size
+    start = 0
+    while start < n:
+        stop = min(start + per, n)
+        if pull(state, peer, piece[:stop - start], address + start * mine.itemsize, iov) != 0:
+            return -1
+        _loops.combine(mine[start:stop], piece[:stop - start], code)
+        start = stop
+    return 0
+
+
+def _readv_address() -> int:
+    try:
+        return ctypes.cast(ctypes.CDLL(None).process_vm_readv, ctypes.c_void_p).value or 0
+    except (OSError, AttributeError):
+        return 0
+
+
+class Peers:
+    """One communicator's window of counters and addresses, and this rank's read buffers."""
+
+    def __init__(self, node: MPI.Intracomm, oversubscribed: bool, readv: int):
+        size, rank = node.Get_size(), node.Get_rank()
+        self.node = node
+        self.win = MPI.Win.Allocate_shared(2 * _LINE * size if rank == 0 else 0, 1, comm=node)
+        memory, _ = self.win.Shared_query(0)
+        self.memory = np.frombuffer(memory, np.uint8)
+        words = self.memory.view(np.int64)
+        words[2 * rank * _LINE // 8] = 0
+        words[(2 * rank + 1) * _LINE // 8] = os.getpid()
+        yield_fn = address_of_sched_yield() if oversubscribed else 0
+        self.state = np.array([rank, size, self.memory.ctypes.data, yield_fn, readv, 0], np.int64)
+        self.iov = np.zeros(4, np.int64)
+        self._piece = np.empty(PIECE_BYTES, np.uint8)
+        self._pieces: Dict[np.dtype, np.ndarray] = {}
+        node.Barrier()  # every counter is 0 before any rank raises its own
+
+    def piece(self, dtype: np.dtype) -> np.ndarray:
+        """The buffer ``pull_combine`` reads into, viewed as ``dtype``."""
+        view = self._pieces.get(dtype)
+        if view is None:
+            view = self._pieces[dtype] = self._piece.view(dtype)
+        return view
+
+    def readable(self) -> bool:
+        """Whether this rank reads every other rank's token correctly. Collective over the node."""
+        token = np.random.default_rng().integers(1, 2 ** 62, size=1, dtype=np.int64)
+        seen = self.node.allgather((int(token[0]), token.ctypes.data))
+        got = np.zeros(1, np.int64)
+        ok = True
+        for peer, (expected, address) in enumerate(seen):
+            got[0] = 0
+            ok &= pull(self.state, peer, got, address, self.iov) == 0 and got[0] == expected
+        self.node.Barrier()  # ``token`` stays alive until every rank has read it
+        return bool(ok)
+
+    def free(self) -> None:
+        self.win.Free()
+        self.node.Free()
+
+
+def peers_for(comm) -> Optional[Peers]:
+    """``comm``'s ``Peers``, made on the first call, or ``None`` where direct reads cannot be used.
+    Collective over ``comm`` on the first call; a dictionary lookup after."""
+    peers = comm.native.get(KEY, False)
+    if peers is False:
+        peers = comm.native[KEY] = _connect(comm)
+    return peers
+
+
+def _connect(comm) -> Optional[Peers]:
+    readv = _readv_address() if os.environ.get(ENV, "1") != "0" else 0
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    if not comm.allreduce(readv != 0 and node.Get_size() == comm.nranks, op=MPI.LAND):
+        node.Free()
+        return None
+    peers = Peers(node, comm.oversubscribed, readv)
+    if not comm.allreduce(peers.readable(), op=MPI.LAND):
+        peers.free()
+        return None
+    return peers
