@@ -13,7 +13,8 @@ name                   what it does                                 when it is t
 ``tree``               binomial-tree reduce to rank 0, then         small messages: lg p steps
                        binomial-tree broadcast
 ``ring``               reduce-scatter then allgather around a       large messages: each rank sends
-                       ring, p-1 steps each                         and receives only 2(p-1)/p n
+                       ring, p-1 steps each (on one node each step  and receives only 2(p-1)/p n
+                       reads the left neighbour's buffer directly)
 ``recursive_doubling`` lg p steps, each swapping the whole buffer   small messages: lg p messages
                        with the partner across one rank bit and     and no broadcast phase (MPICH's
                        combining                                    short-message choice)
@@ -31,8 +32,10 @@ name                   what it does                                 when it is t
 =====================  ===========================================  =================================
 
 ``recursive_doubling`` and ``rabenseifner`` fold rank counts that are not a power of two into
-one that is first (``fold.py``), as MPICH does. ``ring`` and ``rabenseifner`` send large
-reduce-scatter steps in cache-sized pieces when every rank has a core (``pieces.py``);
+one that is first (``fold.py``), as MPICH does. On one node ``ring`` reads each step's segment
+out of its neighbour's memory instead of receiving a message (``direct.py``); by messages,
+``ring`` and ``rabenseifner`` send large reduce-scatter steps in cache-sized pieces when every
+rank has a core (``pieces.py``);
 ``recursive_doubling`` runs a small buffer's exchange loop in compiled code, calling MPI's C
 ``MPI_Sendrecv`` (``native.py``); ``shared_memory`` runs without a window on communicators
 that span nodes, as ``recursive_doubling`` or ``rabenseifner``. ``algorithm="auto"`` picks one
