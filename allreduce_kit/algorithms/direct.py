@@ -35,7 +35,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from ..kernels import reduce as _loops
-from .spin import address_of_sched_yield, load_acquire, store_release, wait_until
+from .spin import NodeWindow, load_acquire, node_of, store_release, wait_until
 
 #: Set to ``0`` to keep ``ring`` to messages even where direct reads work.
 ENV = "ALLREDUCE_KIT_DIRECT"
@@ -133,20 +133,16 @@ def _readv_address() -> int:
         return 0
 
 
-class Peers:
+class Peers(NodeWindow):
     """One communicator's window of counters and addresses, and this rank's read buffers."""
 
     def __init__(self, node: MPI.Intracomm, oversubscribed: bool, readv: int):
         size, rank = node.Get_size(), node.Get_rank()
-        self.node = node
-        self.win = MPI.Win.Allocate_shared(2 * _LINE * size if rank == 0 else 0, 1, comm=node)
-        memory, _ = self.win.Shared_query(0)
-        self.memory = np.frombuffer(memory, np.uint8)
+        super().__init__(node, 2 * _LINE * size, oversubscribed)
         words = self.memory.view(np.int64)
         words[2 * rank * _LINE // 8] = 0
         words[(2 * rank + 1) * _LINE // 8] = os.getpid()
-        yield_fn = address_of_sched_yield() if oversubscribed else 0
-        self.state = np.array([rank, size, self.memory.ctypes.data, yield_fn, readv, 0], np.int64)
+        self.state = np.array([rank, size, self.memory.ctypes.data, self.yield_fn, readv, 0], np.int64)
         self.iov = np.zeros(4, np.int64)
         self._piece = np.empty(PIECE_BYTES, np.uint8)
         self._pieces: Dict[np.dtype, np.ndarray] = {}
@@ -171,10 +167,6 @@ class Peers:
         self.node.Barrier()  # ``token`` stays alive until every rank has read it
         return bool(ok)
 
-    def free(self) -> None:
-        self.win.Free()
-        self.node.Free()
-
 
 def peers_for(comm) -> Optional[Peers]:
     """``comm``'s ``Peers``, made on the first call, or ``None`` where direct reads cannot be used.
@@ -187,9 +179,10 @@ def peers_for(comm) -> Optional[Peers]:
 
 def _connect(comm) -> Optional[Peers]:
     readv = _readv_address() if os.environ.get(ENV, "1") != "0" else 0
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    if not comm.allreduce(readv != 0 and node.Get_size() == comm.nranks, op=MPI.LAND):
-        node.Free()
+    node = node_of(comm)
+    if not comm.allreduce(readv != 0 and node is not None, op=MPI.LAND):
+        if node is not None:
+            node.Free()
         return None
     peers = Peers(node, comm.oversubscribed, readv)
     if not comm.allreduce(peers.readable(), op=MPI.LAND):

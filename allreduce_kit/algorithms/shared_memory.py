@@ -29,7 +29,7 @@ from mpi4py import MPI
 from numba import njit
 
 from . import register
-from .spin import address_of_sched_yield, store_release, wait_until
+from .spin import NodeWindow, node_of, store_release, wait_until
 from ..kernels import reduce as _loops
 from .rabenseifner import allreduce as _rabenseifner
 from .recursive_doubling import allreduce as _recursive_doubling
@@ -99,24 +99,19 @@ def _allreduce(buf, slots, state, code, divisor):
     state[4] = gen
 
 
-class Window:
+class Window(NodeWindow):
     """One communicator's shared window: two flags per rank, two sets of slots, and
     ``_allreduce``'s state."""
 
     def __init__(self, node: MPI.Intracomm, oversubscribed: bool):
         size, rank = node.Get_size(), node.Get_rank()
-        self.node = node
         flag_bytes = 2 * _LINE * size
-        # Rank 0 allocates the whole window, so it is one contiguous block for every rank.
-        self.win = MPI.Win.Allocate_shared(flag_bytes + 2 * size * SLOT_BYTES if rank == 0 else 0, 1, comm=node)
-        memory, _ = self.win.Shared_query(0)
-        self.memory = np.frombuffer(memory, np.uint8)
+        super().__init__(node, flag_bytes + 2 * size * SLOT_BYTES, oversubscribed)
         flags = self.memory[:flag_bytes].view(np.int64)
         flags[2 * rank * _LINE // 8] = flags[(2 * rank + 1) * _LINE // 8] = 0
         self._area = self.memory[flag_bytes:]
         self._views: Dict[np.dtype, np.ndarray] = {}
-        yield_fn = address_of_sched_yield() if oversubscribed else 0
-        self.state = np.array([rank, size, flags.ctypes.data, yield_fn, 0, SCATTER_FROM, SLOT_BYTES], np.int64)
+        self.state = np.array([rank, size, flags.ctypes.data, self.yield_fn, 0, SCATTER_FROM, SLOT_BYTES], np.int64)
         node.Barrier()  # every flag is 0 before any rank raises one
 
     def slots(self, dtype: np.dtype) -> np.ndarray:
@@ -126,19 +121,12 @@ class Window:
             view = self._views[dtype] = self._area.view(dtype)
         return view
 
-    def free(self) -> None:
-        self.win.Free()
-        self.node.Free()
-
 
 def window_for(comm) -> Optional[Window]:
     """A ``Window`` over all of ``comm``'s ranks, or ``None`` if they are not all on one node.
     Collective over ``comm``."""
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    if node.Get_size() != comm.nranks:
-        node.Free()
-        return None
-    return Window(node, comm.oversubscribed)
+    node = node_of(comm)
+    return None if node is None else Window(node, comm.oversubscribed)
 
 
 @register("shared_memory")

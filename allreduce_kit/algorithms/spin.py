@@ -1,12 +1,16 @@
 """Flags in memory that several processes map: acquire loads, release stores, and waiting on them.
 
 Compiled helpers shared by the algorithms that synchronise through a shared window instead of
-messages (``shared_memory.py``, ``direct.py``). A wait spins on a flag; given the address of
-``sched_yield`` it yields the core on every turn, which is what ranks that share cores need.
+messages (``shared_memory.py``, ``direct.py``), and the window itself (``NodeWindow``). A wait
+spins on a flag; given the address of ``sched_yield`` it yields the core on every turn, which
+is what ranks that share cores need.
 """
 import ctypes
+from typing import Optional
 
+import numpy as np
 from llvmlite import ir
+from mpi4py import MPI
 from numba import njit, types
 from numba.extending import intrinsic
 
@@ -61,3 +65,31 @@ def address_of_sched_yield() -> int:
         return ctypes.cast(ctypes.CDLL(None).sched_yield, ctypes.c_void_p).value or 0
     except (OSError, AttributeError):
         return 0
+
+
+def node_of(comm) -> Optional[MPI.Intracomm]:
+    """A new communicator over ``comm``'s ranks if they all share one node, else ``None``.
+    Collective over ``comm``; the answer is the same on every rank."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    if node.Get_size() != comm.Get_size():
+        node.Free()
+        return None
+    return node
+
+
+class NodeWindow:
+    """``nbytes`` of memory every rank of ``node`` maps (``memory``, bytes), and the address of
+    ``sched_yield`` for waits when ranks share cores (``yield_fn``, else 0). Collective over
+    ``node``; owns ``node`` and frees it with the window."""
+
+    def __init__(self, node: MPI.Intracomm, nbytes: int, oversubscribed: bool):
+        self.node = node
+        # Rank 0 allocates the whole window, so it is one contiguous block for every rank.
+        self.win = MPI.Win.Allocate_shared(nbytes if node.Get_rank() == 0 else 0, 1, comm=node)
+        memory, _ = self.win.Shared_query(0)
+        self.memory = np.frombuffer(memory, np.uint8)
+        self.yield_fn = address_of_sched_yield() if oversubscribed else 0
+
+    def free(self) -> None:
+        self.win.Free()
+        self.node.Free()
