@@ -26,15 +26,20 @@ name                   what it does                                 when it is t
                        a window the node shares, raises a flag;     MiB: no messages, and waiting
                        once all flags are up the slots are folded   yields the core when ranks
                        (whole, or 1/p per rank, then copied out)    share cores
+``two_shot``           each rank folds its own segment out of every large messages on one node: the
+                       rank's copy, then every rank gets every      ring's bytes per rank, but less
+                       finished segment (on one node, read from     than half its memory traffic,
+                       and written into the peers' buffers          and no chain of 2(p-1) waits
+                       directly, a cached piece at a time)
 ``mpi``                MPI's own ``Allreduce``                      the oracle and the yardstick;
                                                                     ``auto`` may pick it where a
                                                                     tuning run finds it fastest
 =====================  ===========================================  =================================
 
 ``recursive_doubling`` and ``rabenseifner`` fold rank counts that are not a power of two into
-one that is first (``fold.py``), as MPICH does. On one node ``ring`` reads each step's segment
-out of its neighbour's memory instead of receiving a message (``direct.py``); by messages,
-``ring`` and ``rabenseifner`` send large reduce-scatter steps in cache-sized pieces when every
+one that is first (``fold.py``), as MPICH does. On one node ``ring`` and ``two_shot`` read
+(and ``two_shot`` writes) their peers' memory instead of sending messages (``direct.py``); by messages, ``ring``,
+``rabenseifner`` and ``two_shot`` send large reduce-scatter steps in cache-sized pieces when every
 rank has a core (``pieces.py``);
 ``recursive_doubling`` runs a small buffer's exchange loop in compiled code, calling MPI's C
 ``MPI_Sendrecv`` (``native.py``); ``shared_memory`` runs without a window on communicators
@@ -64,4 +69,4 @@ def register(name: str) -> Callable[[Algorithm], Algorithm]:
     return add
 
 
-from . import naive, tree, ring, recursive_doubling, rabenseifner, shared_memory, mpi  # noqa: E402,F401  (each module registers itself)
+from . import naive, tree, ring, recursive_doubling, rabenseifner, shared_memory, two_shot, mpi  # noqa: E402,F401  (each module registers itself)

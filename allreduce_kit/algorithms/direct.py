@@ -1,6 +1,8 @@
-"""Single-copy transport between the ranks of one node: read a peer's buffer out of its memory.
+"""Single-copy transport between the ranks of one node: read a peer's buffer out of its memory,
+or write into it.
 
-Linux's ``process_vm_readv`` copies from another process's memory into ours in one pass. It is
+Linux's ``process_vm_readv`` copies from another process's memory into ours in one pass
+(``process_vm_writev`` the other way). It is
 what MPICH itself does with a large message between two processes of one node (its "CMA"
 path), there behind a rendezvous handshake and into whatever buffer the receive names. Called
 here, from compiled code, an algorithm step can
@@ -16,13 +18,14 @@ here, from compiled code, an algorithm step can
 
 Available when every rank of the communicator is on one node and each can read the others'
 memory, which is checked once per communicator, collectively: each rank reads a random token
-from every other and compares it with the token sent by message. Separate PID namespaces,
+from every other and compares it with the token sent by message, and writes one into every
+other, which checks it. Separate PID namespaces,
 seccomp filters and Yama ptrace restrictions fail here, and then the algorithms keep to
 messages; ``ALLREDUCE_KIT_DIRECT=0`` makes them keep to messages anyway.
 
 State passed to the compiled helpers (``Peers.state``): this rank, the rank count, the window's
 address, ``sched_yield``'s address (0: spin without yielding), ``process_vm_readv``'s address,
-and the number of the current call (advanced by ``begin``).
+the number of the current call (advanced by ``begin``), and ``process_vm_writev``'s address.
 """
 import ctypes
 import os
@@ -51,9 +54,9 @@ _STEP_BITS = 24
 
 
 @intrinsic
-def _process_vm_readv(typingctx, function, pid, local, remote):
-    """``process_vm_readv(pid, local, 1, remote, 1, 0)`` through its address ``function``;
-    ``local`` and ``remote`` are addresses of one ``struct iovec`` each."""
+def _process_vm_call(typingctx, function, pid, local, remote):
+    """``process_vm_readv`` or ``process_vm_writev`` ``(pid, local, 1, remote, 1, 0)`` through its
+    address ``function``; ``local`` and ``remote`` are addresses of one ``struct iovec`` each."""
     sig = types.int64(function, pid, local, remote)
 
     def codegen(context, builder, signature, args):
@@ -95,20 +98,31 @@ def address_of(state, peer):
 
 
 @njit(cache=True, nogil=True)
-def pull(state, peer, dst, address, iov):
-    """Copy ``dst.size`` elements from ``address`` in ``peer``'s memory into ``dst``; 0, or -1 if
-    the read failed. ``iov``: 4 int64 of room for the two ``iovec``."""
+def _transfer(function, state, peer, local, address, iov):
     pid = load_acquire(state[2] + _LINE * (2 * peer + 1))
-    nbytes = dst.size * dst.itemsize
+    nbytes = local.size * local.itemsize
     done = 0
     while done < nbytes:
-        iov[0], iov[1] = dst.ctypes.data + done, nbytes - done
+        iov[0], iov[1] = local.ctypes.data + done, nbytes - done
         iov[2], iov[3] = address + done, nbytes - done
-        got = _process_vm_readv(state[4], pid, iov.ctypes.data, iov.ctypes.data + 16)
+        got = _process_vm_call(function, pid, iov.ctypes.data, iov.ctypes.data + 16)
         if got <= 0:
             return -1
         done += got
     return 0
+
+
+@njit(cache=True, nogil=True)
+def pull(state, peer, dst, address, iov):
+    """Copy ``dst.size`` elements from ``address`` in ``peer``'s memory into ``dst``; 0, or -1 if
+    the read failed. ``iov``: 4 int64 of room for the two ``iovec``."""
+    return _transfer(state[4], state, peer, dst, address, iov)
+
+
+@njit(cache=True, nogil=True)
+def push(state, peer, src, address, iov):
+    """Copy ``src`` to ``address`` in ``peer``'s memory; 0, or -1 if the write failed."""
+    return _transfer(state[6], state, peer, src, address, iov)
 
 
 @njit(cache=True, nogil=True)
@@ -126,9 +140,9 @@ def pull_combine(state, peer, mine, address, piece, iov, code):
     return 0
 
 
-def _readv_address() -> int:
+def _libc_address(name: str) -> int:
     try:
-        return ctypes.cast(ctypes.CDLL(None).process_vm_readv, ctypes.c_void_p).value or 0
+        return ctypes.cast(getattr(ctypes.CDLL(None), name), ctypes.c_void_p).value or 0
     except (OSError, AttributeError):
         return 0
 
@@ -136,13 +150,13 @@ def _readv_address() -> int:
 class Peers(NodeWindow):
     """One communicator's window of counters and addresses, and this rank's read buffers."""
 
-    def __init__(self, node: MPI.Intracomm, oversubscribed: bool, readv: int):
+    def __init__(self, node: MPI.Intracomm, oversubscribed: bool, readv: int, writev: int):
         size, rank = node.Get_size(), node.Get_rank()
         super().__init__(node, 2 * _LINE * size, oversubscribed)
         words = self.memory.view(np.int64)
         words[2 * rank * _LINE // 8] = 0
         words[(2 * rank + 1) * _LINE // 8] = os.getpid()
-        self.state = np.array([rank, size, self.memory.ctypes.data, self.yield_fn, readv, 0], np.int64)
+        self.state = np.array([rank, size, self.memory.ctypes.data, self.yield_fn, readv, 0, writev], np.int64)
         self.iov = np.zeros(4, np.int64)
         self._piece = np.empty(PIECE_BYTES, np.uint8)
         self._pieces: Dict[np.dtype, np.ndarray] = {}
@@ -156,15 +170,20 @@ class Peers(NodeWindow):
         return view
 
     def readable(self) -> bool:
-        """Whether this rank reads every other rank's token correctly. Collective over the node."""
+        """Whether this rank reads every other rank's token correctly, and every other rank
+        wrote its token into this one's memory correctly. Collective over the node."""
+        size = self.node.Get_size()
         token = np.random.default_rng().integers(1, 2 ** 62, size=1, dtype=np.int64)
-        seen = self.node.allgather((int(token[0]), token.ctypes.data))
+        inbox = np.zeros(size, np.int64)  # slot q: where rank q writes its token
+        seen = self.node.allgather((int(token[0]), token.ctypes.data, inbox.ctypes.data))
         got = np.zeros(1, np.int64)
         ok = True
-        for peer, (expected, address) in enumerate(seen):
+        for peer, (expected, address, theirs) in enumerate(seen):
             got[0] = 0
             ok &= pull(self.state, peer, got, address, self.iov) == 0 and got[0] == expected
-        self.node.Barrier()  # ``token`` stays alive until every rank has read it
+            ok &= push(self.state, peer, token, theirs + 8 * self.node.Get_rank(), self.iov) == 0
+        self.node.Barrier()  # every token is read and written before any is checked or freed
+        ok &= all(int(inbox[peer]) == expected for peer, (expected, _, _) in enumerate(seen))
         return bool(ok)
 
 
@@ -178,13 +197,14 @@ def peers_for(comm) -> Optional[Peers]:
 
 
 def _connect(comm) -> Optional[Peers]:
-    readv = _readv_address() if os.environ.get(ENV, "1") != "0" else 0
+    wanted = os.environ.get(ENV, "1") != "0"
+    readv, writev = (_libc_address("process_vm_readv"), _libc_address("process_vm_writev")) if wanted else (0, 0)
     node = node_of(comm)
-    if not comm.allreduce(readv != 0 and node is not None, op=MPI.LAND):
+    if not comm.allreduce(readv != 0 and writev != 0 and node is not None, op=MPI.LAND):
         if node is not None:
             node.Free()
         return None
-    peers = Peers(node, comm.oversubscribed, readv)
+    peers = Peers(node, comm.oversubscribed, readv, writev)
     if not comm.allreduce(peers.readable(), op=MPI.LAND):
         peers.free()
         return None

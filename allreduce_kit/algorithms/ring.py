@@ -31,7 +31,8 @@ def segment_bounds(n: int, p: int) -> list:
 
 
 @lru_cache(maxsize=256)
-def _bounds_array(n: int, p: int) -> np.ndarray:
+def bounds_array(n: int, p: int) -> np.ndarray:
+    """``segment_bounds`` as an int64 array for compiled loops (cached: the same few sizes recur)."""
     return np.array(segment_bounds(n, p), np.int64)
 
 
@@ -76,7 +77,7 @@ def allreduce(comm, buf, op):
     p, rank = comm.nranks, comm.myrank
     peers = direct.peers_for(comm)
     if peers is not None and op.code is not None:
-        if _direct(buf, _bounds_array(buf.size, p), peers.state, peers.piece(buf.dtype), peers.iov,
+        if _direct(buf, bounds_array(buf.size, p), peers.state, peers.piece(buf.dtype), peers.iov,
                    op.code, op.divisor) != 0:
             raise RuntimeError("allreduce(algorithm='ring'): reading the left neighbour's buffer "
                                f"(process_vm_readv) failed on rank {rank}; set {direct.ENV}=0 to use messages")

@@ -11,6 +11,8 @@ from allreduce_kit import ALGORITHMS, OPS, allreduce, library_comm
 from conftest import assert_quiet, assert_same_everywhere
 
 DTYPES = ("float32", "float64", "int32", "int64")
+#: The algorithms that read their peers' buffers directly on one node (``direct.py``).
+DIRECT = ("ring", "two_shot")
 MPI_OP = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
 
 
@@ -98,23 +100,28 @@ def test_multidimensional_buffer_keeps_its_shape(comm, algorithm):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("algorithm", ["ring", "rabenseifner"])
+@pytest.mark.parametrize("algorithm", ["ring", "rabenseifner", "two_shot"])
 def test_reduce_scatter_in_pieces_gives_the_same_bits(comm, algorithm, monkeypatch):
     """Sent in cache-sized pieces (forced here with tiny pieces, at any rank count), the result
-    is bitwise what the whole-range steps give, for lengths that do not split evenly."""
+    is bitwise what the whole-range steps give, for lengths that do not split evenly. (On a
+    communicator that keeps to messages: with direct reads there are no messages to cut.)"""
     from allreduce_kit.algorithms import pieces
 
-    lib = library_comm(comm)
-    for n in (comm.Get_size() + 1, 1000, 4099):
-        x = local_values(n, "float32", comm.Get_rank())
-        whole = allreduce(x.copy(), op="mean", algorithm=algorithm, comm=comm)
-        monkeypatch.setattr(lib, "oversubscribed", False)
-        monkeypatch.setattr(pieces, "PIECE", 64)  # bytes: 16 float32 per piece
-        pieced = allreduce(x.copy(), op="mean", algorithm=algorithm, comm=comm)
-        monkeypatch.undo()
-        assert np.array_equal(pieced, whole)
-        assert_same_everywhere(comm, pieced)
-        assert_quiet(comm)
+    messages = _by_messages_too()
+    lib = library_comm(messages)
+    try:
+        for n in (comm.Get_size() + 1, 1000, 4099):
+            x = local_values(n, "float32", comm.Get_rank())
+            whole = allreduce(x.copy(), op="mean", algorithm=algorithm, comm=messages)
+            monkeypatch.setattr(lib, "oversubscribed", False)
+            monkeypatch.setattr(pieces, "PIECE", 64)  # bytes: 16 float32 per piece
+            pieced = allreduce(x.copy(), op="mean", algorithm=algorithm, comm=messages)
+            monkeypatch.undo()
+            assert np.array_equal(pieced, whole)
+            assert_same_everywhere(comm, pieced)
+            assert_quiet(messages)
+    finally:
+        messages.Free()
 
 
 @pytest.mark.mpi
@@ -201,9 +208,9 @@ def test_shared_memory_without_a_window_gives_the_bits_of_its_fallbacks(comm, mo
         fresh.Free()
 
 
-def _ring_by_messages_too():
-    """A fresh communicator on which ``ring`` keeps to messages, as if direct reads had failed
-    their check (as across nodes)."""
+def _by_messages_too():
+    """A fresh communicator on which ``ring`` and ``two_shot`` keep to messages, as if direct
+    reads had failed their check (as across nodes)."""
     from allreduce_kit.algorithms import direct
 
     fresh = MPI.COMM_WORLD.Dup()
@@ -212,24 +219,25 @@ def _ring_by_messages_too():
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", DIRECT)
 @pytest.mark.parametrize("op", ["sum", "mean", "max"])
-def test_ring_reads_neighbours_directly_and_gives_the_bits_of_its_messages(comm, op, monkeypatch):
-    """On one node ``ring`` reads each step's segment straight out of its left neighbour's
-    buffer (``direct.py``) instead of receiving it in a message. The steps and the order of
-    every fold are the same, so the results are bitwise those of the ring by messages, for
-    lengths from shorter than p to many read pieces (forced small here)."""
+def test_direct_reads_give_the_bits_of_messages(comm, algorithm, op, monkeypatch):
+    """On one node ``ring`` and ``two_shot`` read straight out of their peers' buffers
+    (``direct.py``) instead of receiving messages. The steps and the order of every fold are
+    the same, so the results are bitwise those of the same algorithm by messages, for lengths
+    from shorter than p to many read pieces (forced small here)."""
     from allreduce_kit.algorithms import direct
 
     monkeypatch.setattr(direct, "PIECE_BYTES", 64)  # many pieces per segment
     reads = comm.Dup()  # its ``Peers`` are made with the piece size above
-    by_messages = _ring_by_messages_too()
+    by_messages = _by_messages_too()
     try:
         p, rank = comm.Get_size(), comm.Get_rank()
         for n in (1, max(p - 1, 1), p + 1, 1000, 4099):
             for dtype in ("float32", "int64"):
                 x = local_values(n, dtype, rank)
-                got = allreduce(x.copy(), op=op, algorithm="ring", comm=reads)
-                assert np.array_equal(got, allreduce(x.copy(), op=op, algorithm="ring", comm=by_messages)), (n, dtype)
+                got = allreduce(x.copy(), op=op, algorithm=algorithm, comm=reads)
+                assert np.array_equal(got, allreduce(x.copy(), op=op, algorithm=algorithm, comm=by_messages)), (n, dtype)
                 assert_same_everywhere(comm, got)
         if p > 1:
             assert isinstance(library_comm(reads).native[direct.KEY], direct.Peers)
@@ -240,7 +248,8 @@ def test_ring_reads_neighbours_directly_and_gives_the_bits_of_its_messages(comm,
 
 
 @pytest.mark.mpi
-def test_ring_direct_reads_never_see_a_buffer_its_owner_has_moved_on_from(comm):
+@pytest.mark.parametrize("algorithm", DIRECT)
+def test_direct_reads_never_see_a_buffer_its_owner_has_moved_on_from(comm, algorithm):
     """A rank may reuse its buffer the moment ``allreduce`` returns, and ranks run at different
     times (here, sharing cores, one rank also late on every other call): many calls back to
     back, each buffer overwritten with garbage right after, all match MPI on every rank. (A ring
@@ -256,7 +265,7 @@ def test_ring_direct_reads_never_see_a_buffer_its_owner_has_moved_on_from(comm):
             want = oracle(comm, x, "sum")
             if rank == call % p and call % 2:
                 time.sleep(0.005)
-            got = allreduce(x, op="sum", algorithm="ring", comm=fresh)
+            got = allreduce(x, op="sum", algorithm=algorithm, comm=fresh)
             assert got is x
             assert np.array_equal(got, want), f"call {call}, n={n}"
             x[:] = -(10**12)  # garbage, at once
@@ -265,7 +274,8 @@ def test_ring_direct_reads_never_see_a_buffer_its_owner_has_moved_on_from(comm):
 
 
 @pytest.mark.mpi
-def test_ring_keeps_to_messages_when_any_rank_cannot_read_the_others(comm, monkeypatch):
+@pytest.mark.parametrize("algorithm", DIRECT)
+def test_keeps_to_messages_when_any_rank_cannot_read_the_others(comm, algorithm, monkeypatch):
     """Direct reads are checked once per communicator, collectively: if any rank cannot read
     its peers' memory (a PID namespace or seccomp filter; faked here on the last rank), or any
     rank has set ``ALLREDUCE_KIT_DIRECT=0``, every rank keeps to messages, and the results
@@ -283,7 +293,7 @@ def test_ring_keeps_to_messages_when_any_rank_cannot_read_the_others(comm, monke
             fresh = comm.Dup()
             try:
                 x = local_values(1001, "float64", rank)
-                got = allreduce(x.copy(), op="max", algorithm="ring", comm=fresh)
+                got = allreduce(x.copy(), op="max", algorithm=algorithm, comm=fresh)
                 assert np.array_equal(got, oracle(comm, x, "max")), how
                 assert library_comm(fresh).native.get(direct.KEY) is None, how
             finally:

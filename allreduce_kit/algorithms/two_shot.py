@@ -1,0 +1,93 @@
+"""Two-shot allreduce: each rank reduces its own segment from every rank's copy, then every rank
+gets every finished segment.
+
+The buffer is cut into p segments as in ``ring``. Rank r owns segment r: it folds every other
+rank's copy of segment r into its own, in the order r+1, r+2, ... (mod p), and the finished
+segment goes to every rank. Each rank receives 2(p-1)/p of the buffer, as in the ring, but a
+segment is reduced by one rank straight from the inputs, not passed along the ring as partial
+sums. The name is the one GPU libraries use for the same two phases (PyTorch's
+``two_shot_all_reduce``, TensorRT-LLM's two-shot allreduce).
+
+On one node, with direct reads and writes (``direct.py``), that saves memory traffic, which is
+what limits a large allreduce when ranks share cores. Rank r takes its segment 256 KiB at a
+time: it reads the piece from all p-1 peers, folding each into its own copy while that stays
+in cache, and then writes the finished piece, still in cache, into all p-1 peers' buffers. Per
+rank and call, with s = n/p: (p-1) s read from peers, s read and written in its own buffer,
+(p-1) s written into peers, 2p s in all. The ring's reduce-scatter reads the left neighbour's
+partial sum, reads its own segment and writes the sum back at every step, and its allgather
+reads and writes each segment again: (5p-5) s, 35 s against 16 s at p = 8. There is also only
+one point where a rank waits on others (all have published their buffers) and one at the end,
+not 2(p-1) links of a chain (docs/performance.md).
+
+Without direct reads it runs by messages: reduce-scatter by pairwise exchange (step k: send the
+segment of rank r-k to it, receive rank r+k's copy of segment r and fold it in), then allgather
+by pairwise exchange. Same folds in the same order, so the same bits as on one node.
+"""
+import numpy as np
+from numba import njit
+
+from . import direct, pieces, register
+from ..kernels import reduce as _loops
+from .ring import bounds_array, segment_bounds
+
+TAG = 106
+
+
+@njit(cache=True, nogil=True)
+def _direct(buf, bounds, state, piece, iov, code, divisor):
+    """Two-shot with direct reads and writes; 0, or -1 if a read or write failed.
+
+    Rank r takes segment r a piece at a time: it reads every peer's copy of the piece and folds
+    it in, then writes the finished piece into every peer's buffer. Counters, from ``first``:
+    rank r has published its buffer (``first``), has written all of segment r into every peer
+    (``first + 1``). Nothing is overwritten while someone may still read it: segment r of
+    rank q's buffer is read by rank r alone, which writes the finished piece there only after
+    reading q's copy of it; rank r writes its own segment r, which nobody else reads; and a
+    rank returns only once every rank has reached ``first + 1``, so has finished reading from it
+    and writing into it.
+    """
+    rank, size = state[0], state[1]
+    first = direct.begin(state, buf.ctypes.data)
+    isz = buf.itemsize
+    for k in range(1, size):
+        direct.wait_for(state, (rank + k) % size, first)
+    start, end = bounds[rank], bounds[rank + 1]
+    while start < end:
+        stop = min(start + piece.size, end)
+        mine, theirs = buf[start:stop], piece[:stop - start]
+        for k in range(1, size):  # reduce-scatter: fold every peer's copy of the piece in
+            peer = (rank + k) % size
+            if direct.pull(state, peer, theirs, direct.address_of(state, peer) + start * isz, iov) != 0:
+                return -1
+            _loops.combine(mine, theirs, code)
+        if divisor != 0:
+            _loops.divide(mine, divisor)
+        for k in range(1, size):  # allgather: the finished piece, still in cache, into every peer
+            peer = (rank + k) % size
+            if direct.push(state, peer, mine, direct.address_of(state, peer) + start * isz, iov) != 0:
+                return -1
+        start = stop
+    direct.finish(state, first + 1)
+    for k in range(1, size):
+        direct.wait_for(state, (rank + k) % size, first + 1)
+    return 0
+
+
+@register("two_shot")
+def allreduce(comm, buf, op):
+    p, rank = comm.nranks, comm.myrank
+    peers = direct.peers_for(comm)
+    if peers is not None and op.code is not None:
+        if _direct(buf, bounds_array(buf.size, p), peers.state, peers.piece(buf.dtype), peers.iov,
+                   op.code, op.divisor) != 0:
+            raise RuntimeError("allreduce(algorithm='two_shot'): reading or writing a peer's buffer "
+                               f"(process_vm_readv/writev) failed on rank {rank}; set {direct.ENV}=0 to use messages")
+        return
+    bounds = segment_bounds(buf.size, p)
+    seg = [buf[bounds[i]:bounds[i + 1]] for i in range(p)]
+    parts = pieces.count(-(-buf.size // p) * buf.itemsize, comm)
+    for k in range(1, p):  # reduce-scatter
+        to, source = (rank - k) % p, (rank + k) % p
+        pieces.sendrecv_combine(comm, seg[to], to, seg[rank], source, TAG, op, k == p - 1, parts)
+    for k in range(1, p):  # allgather
+        comm.Sendrecv(seg[rank], (rank + k) % p, TAG, seg[(rank - k) % p], (rank - k) % p, TAG)
