@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Re-make every measurement quoted in docs/performance.md, on this machine, into OUTDIR.
 #
-#   docs/bench.sh [OUTDIR] [STEP...]      STEP: tune sweep numpy repeat fit (default: all, in that order)
+#   docs/bench.sh [OUTDIR] [STEP...]      STEP: tune sweep numpy repeat autorepeat fit (default: all, in that order)
 #
 # Run from the repository root with the venv built as the README says (or set PYTHON and
 # MPIEXEC). Takes 5-10 minutes on the 2-core machine when it is quiet; run it when nothing else is running,
@@ -9,7 +9,7 @@
 set -euo pipefail
 OUT=${1:-docs/results}
 shift || true
-STEPS=${*:-tune sweep numpy repeat fit}
+STEPS=${*:-tune sweep numpy repeat autorepeat fit}
 PY=${PYTHON:-.venv/bin/python}
 MPIEXEC=${MPIEXEC:-.venv/bin/mpiexec}
 RANKS=${RANKS:-2 4 8}
@@ -21,7 +21,7 @@ for step in $STEPS; do
   tune)    # crossover points for auto -> OUTDIR/tuning.json (copy the rules into selection.BUILTIN)
     rm -f "$OUT/tuning.json"  # rules for each p are added in turn
     for p in $RANKS; do
-      $MPIEXEC -n "$p" $BENCH -b 4 -e 64M -f 2 -n 6 -w 2 -a naive,tree,ring,recursive_doubling,rabenseifner,shared_memory,mpi \
+      $MPIEXEC -n "$p" $BENCH -b 4 -e 64M -f 2 -n 6 -w 2 -a naive,tree,ring,recursive_doubling,rabenseifner,shared_memory,two_shot,mpi \
         --tune "$OUT/tuning.json" --json "$OUT/tune-p$p.json" | tee "$OUT/tune-p$p.txt"
     done ;;
   sweep)   # the tables and plots: float32 sum, 4 B to 64 MiB, every algorithm, auto on the built-in table
@@ -42,7 +42,15 @@ for step in $STEPS; do
         ALLREDUCE_KIT_TUNING=builtin $MPIEXEC -n "$p" $BENCH -b 8 -e 1K -f 2 -n 20 -w 5 \
           --json "$OUT/small-p$p-r$rep.json" > "$OUT/small-p$p-r$rep.txt"
         ALLREDUCE_KIT_TUNING=builtin $MPIEXEC -n "$p" $BENCH -b 16M -e 64M -f 4 -n 10 -w 2 \
-          -a ring,rabenseifner,auto,mpi --json "$OUT/large-p$p-r$rep.json" > "$OUT/large-p$p-r$rep.txt"
+          -a ring,rabenseifner,two_shot,auto,mpi --json "$OUT/large-p$p-r$rep.json" > "$OUT/large-p$p-r$rep.txt"
+      done
+    done
+    $PY docs/summarize.py "$OUT" | tee "$OUT/summary.md" ;;
+  autorepeat)  # auto at every size, three times, beside the only algorithms the sweep ever found best
+    for rep in 1 2 3; do
+      for p in $RANKS; do
+        ALLREDUCE_KIT_TUNING=builtin $MPIEXEC -n "$p" $BENCH -b 4 -e 64M -f 2 -n 10 -w 2 \
+          -a shared_memory,two_shot,auto,mpi --json "$OUT/auto-p$p-r$rep.json" > "$OUT/auto-p$p-r$rep.txt"
       done
     done
     $PY docs/summarize.py "$OUT" | tee "$OUT/summary.md" ;;

@@ -12,7 +12,7 @@ import statistics
 import sys
 from collections import defaultdict
 
-OURS = ("naive", "tree", "ring", "recursive_doubling", "rabenseifner", "shared_memory")
+OURS = ("naive", "tree", "ring", "recursive_doubling", "rabenseifner", "shared_memory", "two_shot")
 
 
 def load(path):
@@ -61,8 +61,9 @@ def main(out="docs/results", fit_name="fit.json"):
     ranks = sorted({int(os.path.basename(p).split("-p")[1].split("-")[0])
                     for p in glob.glob(os.path.join(out, "small-p*-r*.json"))})
     print("### Targets, repeated runs (median ratio over runs, range in brackets)\n")
-    print("| p | size | best of ours / mpi | which | ring / mpi | rabenseifner / mpi | auto / best of ours | auto / mpi |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| p | size | best of ours / mpi | which | ring / mpi | rabenseifner / mpi | two_shot / mpi | auto / best of ours | "
+          "auto / mpi |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for p in ranks:
         for kind in ("small", "large"):
             def metric_best(t):
@@ -81,7 +82,7 @@ def main(out="docs/results", fit_name="fit.json"):
                     if best_ours(n):
                         winners[s].append(best_ours(n)["algorithm"])
             cols = [repeated(out, kind, p, m) for m in (metric_best, metric("ring"), metric("rabenseifner"),
-                                                         metric_auto_best, metric("auto"))]
+                                                         metric("two_shot"), metric_auto_best, metric("auto"))]
             for size in sorted(cols[0]):
                 which = "/".join(sorted(set(winners[size])))
                 print(f"| {p} | {human(size)} | " + " | ".join(
@@ -103,6 +104,26 @@ def main(out="docs/results", fit_name="fit.json"):
         over_b = ", ".join(human(s) for s in sorted(vs_best) if vs_best[s] > 1.1) or "none"
         over_m = ", ".join(human(s) for s in sorted(vs_mpi) if vs_mpi[s] > 1.3) or "none"
         print(f"| {p} | {vs_best[wb]:.2f}x ({human(wb)}) | {vs_mpi[wm]:.2f}x ({human(wm)}) | {over_b} | {over_m} |")
+
+    print("\n### auto at every size, repeated (three runs per p beside `shared_memory` and `two_shot`, "
+          "the only algorithms the sweep found best at any size)\n")
+    print("| p | worst median auto / best (size) | sizes where the median is above 1.1x | "
+          "worst median auto / mpi (size) | sizes where the median is above 1.3x mpi |")
+    print("|---|---|---|---|---|")
+    for p in sorted({int(os.path.basename(x).split("-p")[1].split("-")[0])
+                     for x in glob.glob(os.path.join(out, "auto-p*-r*.json"))}):
+        def auto_best(t):
+            return {s: n["auto"]["time_us"] / best_ours(n)["time_us"] for s, n in t.items() if "auto" in n and best_ours(n)}
+
+        def auto_mpi(t):
+            return {s: n["auto"]["time_us"] / n["mpi"]["time_us"] for s, n in t.items() if "auto" in n and "mpi" in n}
+
+        vb = {s: statistics.median(v) for s, v in repeated(out, "auto", p, auto_best).items()}
+        vm = {s: statistics.median(v) for s, v in repeated(out, "auto", p, auto_mpi).items()}
+        wb, wm = max(vb, key=vb.get), max(vm, key=vm.get)
+        over_b = ", ".join(f"{human(s)} ({vb[s]:.2f}x)" for s in sorted(vb) if vb[s] > 1.1) or "none"
+        over_m = ", ".join(human(s) for s in sorted(vm) if vm[s] > 1.3) or "none"
+        print(f"| {p} | {vb[wb]:.2f}x ({human(wb)}) | {over_b} | {vm[wm]:.2f}x ({human(wm)}) | {over_m} |")
 
     print("\n### What the numba kernel buys (same sizes, reduction step in numba vs numpy; median time, ms)\n")
     print("| p | size | ring numba | ring numpy | rabenseifner numba | rabenseifner numpy | mpi (numba run) |")
