@@ -196,6 +196,19 @@ def peers_for(comm) -> Optional[Peers]:
     return peers
 
 
+def run(loop, comm, buf: np.ndarray, op, bounds: np.ndarray, name: str) -> bool:
+    """Run an algorithm's compiled ``loop(buf, bounds, state, piece, iov, code, divisor)`` (0, or
+    -1 if a transfer failed) with direct transfers; ``False`` where ``comm`` has none, or ``op``
+    has no compiled kernel, and the algorithm must send messages instead."""
+    peers = peers_for(comm)
+    if peers is None or op.code is None:
+        return False
+    if loop(buf, bounds, peers.state, peers.piece(buf.dtype), peers.iov, op.code, op.divisor) != 0:
+        raise RuntimeError(f"allreduce(algorithm={name!r}): reading or writing a peer's buffer "
+                           f"(process_vm_readv/writev) failed on rank {comm.myrank}; set {ENV}=0 to use messages")
+    return True
+
+
 def _connect(comm) -> Optional[Peers]:
     wanted = os.environ.get(ENV, "1") != "0"
     readv, writev = (_libc_address("process_vm_readv"), _libc_address("process_vm_writev")) if wanted else (0, 0)

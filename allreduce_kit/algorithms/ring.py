@@ -30,6 +30,12 @@ def segment_bounds(n: int, p: int) -> list:
     return [(i * n) // p for i in range(p + 1)]
 
 
+def segments(buf: np.ndarray, p: int) -> list:
+    """The p near-equal segments of ``buf`` (views, in order)."""
+    bounds = segment_bounds(buf.size, p)
+    return [buf[bounds[i]:bounds[i + 1]] for i in range(p)]
+
+
 @lru_cache(maxsize=256)
 def bounds_array(n: int, p: int) -> np.ndarray:
     """``segment_bounds`` as an int64 array for compiled loops (cached: the same few sizes recur)."""
@@ -75,16 +81,10 @@ def _direct(buf, bounds, state, piece, iov, code, divisor):
 @register("ring")
 def allreduce(comm, buf, op):
     p, rank = comm.nranks, comm.myrank
-    peers = direct.peers_for(comm)
-    if peers is not None and op.code is not None:
-        if _direct(buf, bounds_array(buf.size, p), peers.state, peers.piece(buf.dtype), peers.iov,
-                   op.code, op.divisor) != 0:
-            raise RuntimeError("allreduce(algorithm='ring'): reading the left neighbour's buffer "
-                               f"(process_vm_readv) failed on rank {rank}; set {direct.ENV}=0 to use messages")
+    if direct.run(_direct, comm, buf, op, bounds_array(buf.size, p), "ring"):
         return
     right, left = (rank + 1) % p, (rank - 1) % p
-    bounds = segment_bounds(buf.size, p)
-    seg = [buf[bounds[i]:bounds[i + 1]] for i in range(p)]
+    seg = segments(buf, p)
     parts = pieces.count(-(-buf.size // p) * buf.itemsize, comm)
 
     for k in range(p - 1):  # reduce-scatter

@@ -23,12 +23,11 @@ Without direct reads it runs by messages: reduce-scatter by pairwise exchange (s
 segment of rank r-k to it, receive rank r+k's copy of segment r and fold it in), then allgather
 by pairwise exchange. Same folds in the same order, so the same bits as on one node.
 """
-import numpy as np
 from numba import njit
 
 from . import direct, pieces, register
 from ..kernels import reduce as _loops
-from .ring import bounds_array, segment_bounds
+from .ring import bounds_array, segments
 
 TAG = 106
 
@@ -76,15 +75,9 @@ def _direct(buf, bounds, state, piece, iov, code, divisor):
 @register("two_shot")
 def allreduce(comm, buf, op):
     p, rank = comm.nranks, comm.myrank
-    peers = direct.peers_for(comm)
-    if peers is not None and op.code is not None:
-        if _direct(buf, bounds_array(buf.size, p), peers.state, peers.piece(buf.dtype), peers.iov,
-                   op.code, op.divisor) != 0:
-            raise RuntimeError("allreduce(algorithm='two_shot'): reading or writing a peer's buffer "
-                               f"(process_vm_readv/writev) failed on rank {rank}; set {direct.ENV}=0 to use messages")
+    if direct.run(_direct, comm, buf, op, bounds_array(buf.size, p), "two_shot"):
         return
-    bounds = segment_bounds(buf.size, p)
-    seg = [buf[bounds[i]:bounds[i + 1]] for i in range(p)]
+    seg = segments(buf, p)
     parts = pieces.count(-(-buf.size // p) * buf.itemsize, comm)
     for k in range(1, p):  # reduce-scatter
         to, source = (rank - k) % p, (rank + k) % p
