@@ -28,7 +28,8 @@ CONFIGS = {
     # Random delays, uniform in [0, 10] ms on every rank: waiting grows with p.
     "jitter": [(f"p={p} jitter 5 ms", p, ["--epochs", "10", "--jitter-ms", "5"], {}) for p in (2, 4, 8)],
     # A 1,011,010-parameter model (4.04 MB float32 gradient) at p = 2, with auto's choice
-    # (rabenseifner at 4 MB) and with shared_memory, whose time depends least on cache state.
+    # (two_shot at 4 MB since session 7) and with shared_memory, whose time depends least on
+    # cache state.
     "overhead": [(f"1M params p=2{label}", 2, ["--dataset", "synthetic", "--samples", "20000", "--features", "1000",
                                                "--hidden", "1000", "--classes", "10", "--max-steps", "150",
                                                "--bench-allreduce", "150", *algorithm], {})

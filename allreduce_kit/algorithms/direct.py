@@ -13,8 +13,8 @@ here, from compiled code, an algorithm step can
 - skip the handshake. Each rank publishes its buffer's address once per call, then the number
   of steps it has finished, in a small window the node shares. A reader waits until the peer
   has finished the step whose data it needs (acquire loads, yielding the core when ranks share
-  cores); an algorithm never overwrites a range before every peer that reads it has finished
-  the step that reads it.
+  cores); an algorithm never overwrites a range, in its own buffer or (``push``) in a peer's,
+  while a rank may still read what was there.
 
 Available when every rank of the communicator is on one node and each can read the others'
 memory, which is checked once per communicator, collectively: each rank reads a random token
