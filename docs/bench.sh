@@ -4,7 +4,7 @@
 #   docs/bench.sh [OUTDIR] [STEP...]      STEP: tune sweep numpy repeat autorepeat fit (default: all, in that order)
 #
 # Run from the repository root with the venv built as the README says (or set PYTHON and
-# MPIEXEC). Takes 5-10 minutes on the 2-core machine when it is quiet; run it when nothing else is running,
+# MPIEXEC). Takes 20-25 minutes on the 2-core machine when it is quiet; run it when nothing else is running,
 # since every rank count above 2 shares the two cores.
 set -euo pipefail
 OUT=${1:-docs/results}
@@ -29,11 +29,20 @@ for step in $STEPS; do
       ALLREDUCE_KIT_TUNING=builtin $MPIEXEC -n "$p" $BENCH -b 4 -e 64M -f 2 -n 10 -w 2 \
         --json "$OUT/p$p.json" --csv "$OUT/p$p.csv" --plot "$OUT/p$p.png" | tee "$OUT/p$p.txt"
     done ;;
-  numpy)   # what the numba kernel buys: the same large messages with the reduction step in numpy
-    for p in $RANKS; do
-      for kernel in numba numpy; do
-        $MPIEXEC -n "$p" $BENCH -b 1M -e 64M -f 4 -n 10 -w 2 -a ring,rabenseifner,mpi --kernel $kernel \
-          --json "$OUT/kernel-$kernel-p$p.json" | tee "$OUT/kernel-$kernel-p$p.txt"
+  numpy)   # what the numba kernels buy: the same large messages with the reduction step in numba or numpy.
+           # kernel-numba-* and kernel-numpy-* keep to messages (ALLREDUCE_KIT_DIRECT=0), so that they differ in
+           # the kernel alone; kernel-direct-* is the default: numba, with the direct paths that only
+           # compiled kernels make possible (they fold inside compiled loops).
+           # Three rounds of the three runs, one after another, for medians.
+    for rep in 1 2 3; do
+      for p in $RANKS; do
+        for run in direct numba numpy; do
+          kernel=$([ $run = numpy ] && echo numpy || echo numba)
+          direct=$([ $run = direct ] && echo 1 || echo 0)
+          ALLREDUCE_KIT_DIRECT=$direct $MPIEXEC -n "$p" $BENCH -b 1M -e 64M -f 4 -n 10 -w 2 \
+            -a ring,rabenseifner,two_shot,mpi --kernel $kernel --json "$OUT/kernel-$run-p$p-r$rep.json" \
+            > "$OUT/kernel-$run-p$p-r$rep.txt"
+        done
       done
     done ;;
   repeat)  # the target sizes again, three times each, for medians and ranges

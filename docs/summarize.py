@@ -125,20 +125,53 @@ def main(out="docs/results", fit_name="fit.json"):
         over_m = ", ".join(human(s) for s in sorted(vm) if vm[s] > 1.3) or "none"
         print(f"| {p} | {vb[wb]:.2f}x ({human(wb)}) | {over_b} | {vm[wm]:.2f}x ({human(wm)}) | {over_m} |")
 
-    print("\n### What the numba kernel buys (same sizes, reduction step in numba vs numpy; median time, ms)\n")
-    print("| p | size | ring numba | ring numpy | rabenseifner numba | rabenseifner numpy | mpi (numba run) |")
-    print("|---|---|---|---|---|---|---|")
-    for p in ranks:
-        try:
-            nb = by_size(load(os.path.join(out, f"kernel-numba-p{p}.json"))["rows"])
-            npy = by_size(load(os.path.join(out, f"kernel-numpy-p{p}.json"))["rows"])
-        except OSError:
-            continue
-        for size in sorted(nb):
-            cells = []
-            for name in ("ring", "rabenseifner"):
-                cells += [f"{nb[size][name]['time_us'] / 1e3:.2f}", f"{npy[size][name]['time_us'] / 1e3:.2f}"]
-            print(f"| {p} | {human(size)} | " + " | ".join(cells) + f" | {nb[size]['mpi']['time_us'] / 1e3:.2f} |")
+    print("\n### Does auto choose the fastest? (the same runs: each algorithm's median time over the three runs)\n")
+    print("| p | sizes | auto's choice is the fastest at | where it is not: choice / fastest | "
+          "auto's row / its choice's row, same run: median (range) |")
+    print("|---|---|---|---|---|")
+    for p in sorted({int(os.path.basename(x).split("-p")[1].split("-")[0])
+                     for x in glob.glob(os.path.join(out, "auto-p*-r*.json"))}):
+        times, chosen, same = defaultdict(list), {}, []
+        for path in sorted(glob.glob(os.path.join(out, f"auto-p{p}-r*.json"))):
+            for size, named in by_size(load(path)["rows"]).items():
+                for name, row in named.items():
+                    times[size, name].append(row["time_us"])
+                if "auto" in named:
+                    chosen[size] = named["auto"]["chosen"]
+                    if chosen[size] in named:
+                        same.append(named["auto"]["time_us"] / named[chosen[size]]["time_us"])
+        misses, hits = [], 0
+        for size in sorted(chosen):
+            medians = {n: statistics.median(times[size, n]) for n in OURS if (size, n) in times}
+            fastest = min(medians, key=medians.get)
+            if chosen[size] == fastest:
+                hits += 1
+            else:
+                misses.append(f"{human(size)} ({chosen[size]} / {fastest} {medians[chosen[size]] / medians[fastest]:.2f}x)")
+        print(f"| {p} | {len(chosen)} | {hits} | {', '.join(misses) or 'none'} | {spread(same)} |")
+
+    print("\n### What the numba kernel buys (time / mpi's in the same run, median over three rounds; "
+          "messages: ALLREDUCE_KIT_DIRECT=0)\n")
+    runs = ("direct", "numba", "numpy")
+    print("| p | size | ring direct | ring messages, numba | ring messages, numpy | two_shot direct | "
+          "two_shot messages, numba | two_shot messages, numpy | rabenseifner numba | rabenseifner numpy | mpi (ms) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for p in sorted({int(os.path.basename(x).split("-p")[1].split("-")[0])
+                     for x in glob.glob(os.path.join(out, "kernel-*-p*-r*.json"))}):
+        ratio, mpi = defaultdict(list), defaultdict(list)  # (run, size, algorithm) -> one per round
+        for run in runs:
+            for path in sorted(glob.glob(os.path.join(out, f"kernel-{run}-p{p}-r*.json"))):
+                for size, named in by_size(load(path)["rows"]).items():
+                    mpi[size].append(named["mpi"]["time_us"] / 1e3)
+                    for name, row in named.items():
+                        ratio[run, size, name].append(row["time_us"] / named["mpi"]["time_us"])
+        for size in sorted(mpi):
+            def cell(run, name):
+                values = ratio.get((run, size, name))
+                return f"{statistics.median(values):.2f}x" if values else "-"
+            cells = [cell(r, "ring") for r in runs] + [cell(r, "two_shot") for r in runs]
+            cells += [cell("numba", "rabenseifner"), cell("numpy", "rabenseifner"), f"{statistics.median(mpi[size]):.2f}"]
+            print(f"| {p} | {human(size)} | " + " | ".join(cells) + " |")
 
     fit_path = os.path.join(out, fit_name)
     if os.path.exists(fit_path):

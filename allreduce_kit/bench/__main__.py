@@ -20,6 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import kernels, selection, set_stall_timeout
+from ..algorithms import direct
 from ..cli import RankZeroParser, say, write_json
 from ..comm import library_comm
 from ..launch import check_launch
@@ -189,6 +190,13 @@ def report_fit(rows: List[dict], args) -> dict:
     return result
 
 
+def direct_transfers(comm: MPI.Intracomm, kernel: str) -> bool:
+    """Whether ``ring`` and ``two_shot`` will read and write peers' buffers (``direct.py``) in this
+    run: only on one node, where the check passes, and with the numba kernels (the direct loops
+    fold in compiled code, so ``--kernel numpy`` sends messages). Collective."""
+    return direct.peers_for(library_comm(comm)) is not None and kernel == "numba"
+
+
 def preamble(comm: MPI.Intracomm, args, threads: int, auto_source: str) -> dict:
     hosts = sorted(set(comm.allgather(MPI.Get_processor_name() or socket.gethostname())))
     p = comm.Get_size()
@@ -215,6 +223,10 @@ def preamble(comm: MPI.Intracomm, args, threads: int, auto_source: str) -> dict:
     mpi_row = ("allreduce(algorithm='mpi'), as auto would call it (--tune)" if args.tune
                else "mpi4py's Allreduce called directly")
     info["mpi_row"] = mpi_row
+    info["direct_transfers"] = direct_transfers(comm, args.kernel)
+    how = "direct reads and writes between the ranks of the node" if info["direct_transfers"] else "messages"
+    say(f"# ring and two_shot move data by {how} ({direct.ENV}={os.environ.get(direct.ENV, 'unset')}, "
+        f"kernels {args.kernel})")
     say(f"# #wrong = elements differing from MPI's Allreduce (summed over ranks); mpi = {mpi_row}; the others go "
         f"through allreduce(); auto's table: {auto_source}")
     say("#")
