@@ -5,11 +5,9 @@ Small model (one hidden layer of 32), two or three epochs of the digits, at most
 are compared as directions with wide margins between runs made back to back, never absolutely.
 """
 import json
-import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from conftest import TESTS

@@ -83,8 +83,8 @@ def test_tune_writes_a_file_that_auto_then_reads(mpirun, tmp_path):
     assert {name for _, name in table[2]} <= {"recursive_doubling", "ring", "tree", "mpi"}
     assert json.loads(tuned.read_text())["preamble"]["mpi_row"].startswith("allreduce(algorithm='mpi')")
 
-    result = ok(mpirun(2, BENCH + ["-b", "4", "-e", "1M", "-f", "32", *QUICK, "-a", "auto", "--json", out],
-                       env={selection.ENV: str(tuning)}, timeout=180))
+    ok(mpirun(2, BENCH + ["-b", "4", "-e", "1M", "-f", "32", *QUICK, "-a", "auto", "--json", out],
+           env={selection.ENV: str(tuning)}, timeout=180))
     payload = json.loads(out.read_text())
     assert payload["preamble"]["auto_table"] == str(tuning)
     for row in payload["rows"]:

@@ -66,7 +66,7 @@ def test_injected_straggler_is_named_and_slows_every_rank_by_its_delay(mpirun, t
 
 def test_resume_reaches_the_same_parameters_as_an_uninterrupted_run(mpirun, tmp_path):
     common = TRAIN + SMALL + ["--epochs", "2", "--progress", "lines", "--jitter-ms", "1"]
-    whole = _ok(mpirun(2, common + ["--json", tmp_path / "whole.json"], timeout=120))
+    _ok(mpirun(2, common + ["--json", tmp_path / "whole.json"], timeout=120))
     ckpt = tmp_path / "ckpt"
     _ok(mpirun(2, common + ["--max-steps", "60", "--checkpoint-dir", ckpt, "--checkpoint-every", "25",
                             "--keep-checkpoints", "2"], timeout=120))

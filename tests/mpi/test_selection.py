@@ -4,7 +4,6 @@ import os
 
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 from allreduce_kit import allreduce, library_comm, selection
 from conftest import assert_quiet
