@@ -52,14 +52,19 @@ def repeated(out, kind, p, metric):
     return per_size
 
 
+def ranks_of(out, pattern):
+    """The rank counts of the files matching ``pattern`` (like ``auto-p*-r*.json``), sorted."""
+    return sorted({int(os.path.basename(x).split("-p")[1].split("-")[0])
+                   for x in glob.glob(os.path.join(out, pattern))})
+
+
 def best_ours(named):
     ours = [r for n, r in named.items() if n in OURS]
     return min(ours, key=lambda r: r["time_us"]) if ours else None
 
 
 def main(out="docs/results", fit_name="fit.json"):
-    ranks = sorted({int(os.path.basename(p).split("-p")[1].split("-")[0])
-                    for p in glob.glob(os.path.join(out, "small-p*-r*.json"))})
+    ranks = ranks_of(out, "small-p*-r*.json")
     print("### Targets, repeated runs (median ratio over runs, range in brackets)\n")
     print("| p | size | best of ours / mpi | which | ring / mpi | rabenseifner / mpi | two_shot / mpi | auto / best of ours | "
           "auto / mpi |")
@@ -110,8 +115,7 @@ def main(out="docs/results", fit_name="fit.json"):
     print("| p | worst median auto / best (size) | sizes where the median is above 1.1x | "
           "worst median auto / mpi (size) | sizes where the median is above 1.3x mpi |")
     print("|---|---|---|---|---|")
-    for p in sorted({int(os.path.basename(x).split("-p")[1].split("-")[0])
-                     for x in glob.glob(os.path.join(out, "auto-p*-r*.json"))}):
+    for p in ranks_of(out, "auto-p*-r*.json"):
         def auto_best(t):
             return {s: n["auto"]["time_us"] / best_ours(n)["time_us"] for s, n in t.items() if "auto" in n and best_ours(n)}
 
@@ -129,8 +133,7 @@ def main(out="docs/results", fit_name="fit.json"):
     print("| p | sizes | auto's choice is the fastest at | where it is not: choice / fastest | "
           "auto's row / its choice's row, same run: median (range) |")
     print("|---|---|---|---|---|")
-    for p in sorted({int(os.path.basename(x).split("-p")[1].split("-")[0])
-                     for x in glob.glob(os.path.join(out, "auto-p*-r*.json"))}):
+    for p in ranks_of(out, "auto-p*-r*.json"):
         times, chosen, same = defaultdict(list), {}, []
         for path in sorted(glob.glob(os.path.join(out, f"auto-p{p}-r*.json"))):
             for size, named in by_size(load(path)["rows"]).items():
@@ -156,8 +159,7 @@ def main(out="docs/results", fit_name="fit.json"):
     print("| p | size | ring direct | ring messages, numba | ring messages, numpy | two_shot direct | "
           "two_shot messages, numba | two_shot messages, numpy | rabenseifner numba | rabenseifner numpy | mpi (ms) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for p in sorted({int(os.path.basename(x).split("-p")[1].split("-")[0])
-                     for x in glob.glob(os.path.join(out, "kernel-*-p*-r*.json"))}):
+    for p in ranks_of(out, "kernel-*-p*-r*.json"):
         ratio, mpi = defaultdict(list), defaultdict(list)  # (run, size, algorithm) -> one per round
         for run in runs:
             for path in sorted(glob.glob(os.path.join(out, f"kernel-{run}-p{p}-r*.json"))):

@@ -42,6 +42,12 @@ def bounds_array(n: int, p: int) -> np.ndarray:
     return np.array(segment_bounds(n, p), np.int64)
 
 
+def segment_pieces(buf: np.ndarray, comm) -> int:
+    """How many pieces (``pieces.count``) a step that folds one segment in is sent in by messages:
+    from the largest segment, so the same on every rank."""
+    return pieces.count(-(-buf.size // comm.nranks) * buf.itemsize, comm)
+
+
 @njit(cache=True, nogil=True)
 def _direct(buf, bounds, state, piece, iov, code, divisor):
     """The ring with direct reads (``direct.py``); 0, or -1 if a read failed.
@@ -85,7 +91,7 @@ def allreduce(comm, buf, op):
         return
     right, left = (rank + 1) % p, (rank - 1) % p
     seg = segments(buf, p)
-    parts = pieces.count(-(-buf.size // p) * buf.itemsize, comm)
+    parts = segment_pieces(buf, comm)
 
     for k in range(p - 1):  # reduce-scatter
         pieces.sendrecv_combine(comm, seg[(rank - k) % p], right, seg[(rank - k - 1) % p], left, TAG, op,

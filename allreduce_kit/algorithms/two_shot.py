@@ -27,7 +27,7 @@ from numba import njit
 
 from . import direct, pieces, register
 from ..kernels import reduce as _loops
-from .ring import bounds_array, segments
+from .ring import bounds_array, segment_pieces, segments
 
 TAG = 106
 
@@ -78,7 +78,7 @@ def allreduce(comm, buf, op):
     if direct.run(_direct, comm, buf, op, bounds_array(buf.size, p), "two_shot"):
         return
     seg = segments(buf, p)
-    parts = pieces.count(-(-buf.size // p) * buf.itemsize, comm)
+    parts = segment_pieces(buf, comm)
     for k in range(1, p):  # reduce-scatter
         to, source = (rank - k) % p, (rank + k) % p
         pieces.sendrecv_combine(comm, seg[to], to, seg[rank], source, TAG, op, k == p - 1, parts)
