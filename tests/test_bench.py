@@ -52,7 +52,7 @@ def test_table_json_and_csv_at_three_ranks(mpirun, tmp_path):
     payload = json.loads(out_json.read_text())
     assert payload["preamble"]["ranks"] == 3
     transport = "direct reads and writes" if payload["preamble"]["direct_transfers"] else "messages"
-    assert f"ring and two_shot move data by {transport}" in result.stdout, "the preamble says how data moved"
+    assert f"ring, rabenseifner and two_shot move data by {transport}" in result.stdout, "the preamble says how data moved"
     assert {r["algorithm"] for r in payload["rows"]} == set(available())
     assert sorted({r["size"] for r in payload["rows"]}) == sizes
     assert all(r["wrong"] == 0 and r["ranks"] == 3 for r in payload["rows"])
@@ -68,7 +68,7 @@ def test_numpy_kernels_mean_of_integers_is_right(mpirun):
     result = ok(mpirun(2, BENCH + ["-b", "64", "-e", "4K", "-f", "64", "-d", "int32", "-o", "mean", "--kernel", "numpy",
                                    "-a", "ring,rabenseifner,recursive_doubling,mpi", *QUICK], timeout=180))
     assert "reduction kernels: numpy" in result.stdout
-    assert "ring and two_shot move data by messages" in result.stdout, "direct paths fold in compiled code only"
+    assert "ring, rabenseifner and two_shot move data by messages" in result.stdout, "direct paths fold in compiled code only"
     rows = table_rows(result.stdout)
     assert len(rows) == 2 * 4 and all(r[2] == "int32" and r[3] == "mean" and r[-1] == "0" for r in rows)
 

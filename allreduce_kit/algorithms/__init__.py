@@ -19,9 +19,9 @@ name                   what it does                                 when it is t
                        with the partner across one rank bit and     and no broadcast phase (MPICH's
                        combining                                    short-message choice)
 ``rabenseifner``       reduce-scatter by recursive halving, then    large messages: the ring's
-                       allgather by recursive doubling              2(p-1)/p n traffic in only
-                                                                    2 lg p messages (MPICH's
-                                                                    long-message choice)
+                       allgather by recursive doubling (on one      2(p-1)/p n traffic in only
+                       node each step reads the partner's buffer    2 lg p messages (MPICH's
+                       directly)                                    long-message choice)
 ``shared_memory``      every rank copies its buffer into a slot of  ranks on one node, up to a few
                        a window the node shares, raises a flag;     MiB: no messages, and waiting
                        once all flags are up the slots are folded   yields the core when ranks
@@ -37,8 +37,9 @@ name                   what it does                                 when it is t
 =====================  ===========================================  =================================
 
 ``recursive_doubling`` and ``rabenseifner`` fold rank counts that are not a power of two into
-one that is first (``fold.py``), as MPICH does. On one node ``ring`` and ``two_shot`` read
-(and ``two_shot`` writes) their peers' memory instead of sending messages (``direct.py``); by messages, ``ring``,
+one that is first (``fold.py``), as MPICH does. On one node ``ring``, ``rabenseifner`` and
+``two_shot`` read (and ``two_shot`` writes) their peers' memory instead of sending messages
+(``direct.py``); by messages, ``ring``,
 ``rabenseifner`` and ``two_shot`` send large reduce-scatter steps in cache-sized pieces when every
 rank has a core (``pieces.py``);
 ``recursive_doubling`` runs a small buffer's exchange loop in compiled code, calling MPI's C

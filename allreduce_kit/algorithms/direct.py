@@ -40,7 +40,7 @@ from numba.extending import intrinsic
 from ..kernels import reduce as _loops
 from .spin import NodeWindow, load_acquire, node_of, store_release, wait_until
 
-#: Set to ``0`` to keep ``ring`` to messages even where direct reads work.
+#: Set to ``0`` to keep ``ring``, ``rabenseifner`` and ``two_shot`` to messages even where direct reads work.
 ENV = "ALLREDUCE_KIT_DIRECT"
 #: Bytes read per piece when folding a peer's range in: a quarter of this machine's 1 MiB L2,
 #: so that the piece and the range it folds into both stay in cache (docs/performance.md).

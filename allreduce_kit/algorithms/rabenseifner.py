@@ -9,14 +9,24 @@ is reduced on exactly one rank and copied to the others, so every rank ends bitw
 
 Each rank sends 2 (p-1)/p of the buffer in 2 lg p messages and reduces (p-1)/p of it:
 bandwidth-optimal like the ring with the tree's message count. MPICH's choice for long
-messages. Rank counts that are not a power of two are folded first (``fold.py``); large
-reduce-scatter steps go in cache-sized pieces (``pieces.py``).
+messages. Rank counts that are not a power of two are folded first (``fold.py``).
+
+Two ways to move the ranges, the same steps and the same bits either way:
+
+- on one node, where ranks can read each other's memory (``direct.py``), each step reads the
+  partner's range straight out of its buffer, folding it in cache-sized pieces, once the
+  partner's counter says it has finished the step before (``_direct``; the fold too);
+- otherwise by messages, ``Sendrecv`` with the partner; large reduce-scatter steps go in
+  cache-sized pieces when every rank has a core (``pieces.py``).
 """
 from functools import lru_cache
 
-from . import pieces, register
+from numba import njit
+
+from . import direct, pieces, register
+from ..kernels import reduce as _loops
 from .fold import fold_in, fold_out
-from .ring import segment_bounds
+from .ring import bounds_array, segment_bounds
 
 TAG = 105
 
@@ -26,9 +36,91 @@ def _bounds(n: int, pof2: int) -> tuple:
     return tuple(segment_bounds(n, pof2))
 
 
+@njit(cache=True, nogil=True)
+def _real(newrank, rem):
+    """``Fold.real`` for compiled code: the rank that plays ``newrank`` in the folded group."""
+    return 2 * newrank + 1 if newrank < rem else newrank + rem
+
+
+@njit(cache=True, nogil=True)
+def _direct(buf, bounds, state, piece, iov, code, divisor):
+    """Rabenseifner with direct reads (``direct.py``), the fold included; 0, or -1 if a read failed.
+
+    Every step reads the partner's copy of the range this rank keeps (or, in the allgather, the
+    partner's finished range) out of the partner's buffer, in the steps and fold order of the
+    message version. Counters, from ``first``: a rank has folded its even partner in (or had
+    none to fold) at ``first + 1``, finished reduce-scatter step i at ``first + 2 + i`` and
+    allgather step j at ``first + 2 + L + j`` (L = lg pof2), and is done at ``first + 2 + 2L``.
+    A read waits for the partner to have finished the step before, so it sees that step's
+    result; nothing is overwritten while someone may still read it: the range a rank hands its
+    partner in a reduce-scatter step is left alone until the allgather step with the same
+    partner writes the partner's finished range there, and that range is finished only after
+    the partner's last read; and a rank returns only once every rank that reads its buffer
+    (its partners, and the even partner that takes the result back) has finished reading.
+    """
+    rank, size = state[0], state[1]
+    pof2 = 1
+    while pof2 * 2 <= size:
+        pof2 *= 2
+    rem, levels = size - pof2, 0
+    while (1 << levels) < pof2:
+        levels += 1
+    first = direct.begin(state, buf.ctypes.data)
+    done = first + 2 + 2 * levels
+    isz = buf.itemsize
+    if rank < 2 * rem and rank % 2 == 0:  # sits out: hand over the buffer, take the result back
+        partner = rank + 1
+        direct.wait_for(state, partner, done - 1)
+        if direct.pull(state, partner, buf, direct.address_of(state, partner), iov) != 0:
+            return -1
+    else:
+        me = rank // 2 if rank < 2 * rem else rank - rem
+        if rank < 2 * rem:  # fold the even partner's buffer in
+            direct.wait_for(state, rank - 1, first)
+            if direct.pull_combine(state, rank - 1, buf, direct.address_of(state, rank - 1), piece, iov, code) != 0:
+                return -1
+        direct.finish(state, first + 1)
+        lo, hi = 0, pof2  # the segments this rank is responsible for
+        for i in range(levels):  # reduce-scatter by recursive halving
+            mask = pof2 >> (i + 1)
+            partner = _real(me ^ mask, rem)
+            if me & mask:
+                lo = lo + mask
+            else:
+                hi = lo + mask
+            direct.wait_for(state, partner, first + 1 + i)
+            mine = buf[bounds[lo]:bounds[hi]]
+            theirs = direct.address_of(state, partner) + bounds[lo] * isz
+            if direct.pull_combine(state, partner, mine, theirs, piece, iov, code) != 0:
+                return -1
+            if i == levels - 1 and divisor != 0:
+                _loops.divide(mine, divisor)
+            direct.finish(state, first + 2 + i)
+        for j in range(levels):  # allgather by recursive doubling
+            mask = 1 << j
+            partner = _real(me ^ mask, rem)
+            theirs_lo = lo ^ mask
+            direct.wait_for(state, partner, first + 1 + levels + j)
+            a, b = bounds[theirs_lo], bounds[theirs_lo + mask]
+            if direct.pull(state, partner, buf[a:b], direct.address_of(state, partner) + a * isz, iov) != 0:
+                return -1
+            lo = min(lo, theirs_lo)
+            direct.finish(state, first + 2 + levels + j)
+        # The caller may change the buffer on return: wait until every rank that reads it has
+        # finished its reads (the partners, and the even partner that takes the result back).
+        for j in range(levels):
+            direct.wait_for(state, _real(me ^ (1 << j), rem), done - 1)
+        if rank < 2 * rem:
+            direct.wait_for(state, rank - 1, done)
+    direct.finish(state, done)
+    return 0
+
+
 @register("rabenseifner")
 def allreduce(comm, buf, op):
     fold = comm.fold
+    if direct.run(_direct, comm, buf, op, bounds_array(buf.size, fold.pof2), "rabenseifner"):
+        return
     if fold.rem:
         fold_in(comm, buf, op, fold)
     me = fold.newrank

@@ -191,7 +191,7 @@ def report_fit(rows: List[dict], args) -> dict:
 
 
 def direct_transfers(comm: MPI.Intracomm, kernel: str) -> bool:
-    """Whether ``ring`` and ``two_shot`` will read and write peers' buffers (``direct.py``) in this
+    """Whether ``ring``, ``rabenseifner`` and ``two_shot`` will read and write peers' buffers (``direct.py``) in this
     run: only on one node, where the check passes, and with the numba kernels (the direct loops
     fold in compiled code, so ``--kernel numpy`` sends messages). Collective."""
     return direct.peers_for(library_comm(comm)) is not None and kernel == "numba"
@@ -225,7 +225,7 @@ def preamble(comm: MPI.Intracomm, args, threads: int, auto_source: str) -> dict:
     info["mpi_row"] = mpi_row
     info["direct_transfers"] = direct_transfers(comm, args.kernel)
     how = "direct reads and writes between the ranks of the node" if info["direct_transfers"] else "messages"
-    say(f"# ring and two_shot move data by {how} ({direct.ENV}={os.environ.get(direct.ENV, 'unset')}, "
+    say(f"# ring, rabenseifner and two_shot move data by {how} ({direct.ENV}={os.environ.get(direct.ENV, 'unset')}, "
         f"kernels {args.kernel})")
     say(f"# #wrong = elements differing from MPI's Allreduce (summed over ranks); mpi = {mpi_row}; the others go "
         f"through allreduce(); auto's table: {auto_source}")

@@ -12,7 +12,7 @@ from conftest import assert_quiet, assert_same_everywhere
 
 DTYPES = ("float32", "float64", "int32", "int64")
 #: The algorithms that read their peers' buffers directly on one node (``direct.py``).
-DIRECT = ("ring", "two_shot")
+DIRECT = ("ring", "rabenseifner", "two_shot")
 MPI_OP = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
 
 
@@ -209,7 +209,7 @@ def test_shared_memory_without_a_window_gives_the_bits_of_its_fallbacks(comm, mo
 
 
 def _by_messages_too():
-    """A fresh communicator on which ``ring`` and ``two_shot`` keep to messages, as if direct
+    """A fresh communicator on which ``ring``, ``rabenseifner`` and ``two_shot`` keep to messages, as if direct
     reads had failed their check (as across nodes)."""
     from allreduce_kit.algorithms import direct
 
@@ -222,7 +222,7 @@ def _by_messages_too():
 @pytest.mark.parametrize("algorithm", DIRECT)
 @pytest.mark.parametrize("op", ["sum", "mean", "max"])
 def test_direct_reads_give_the_bits_of_messages(comm, algorithm, op, monkeypatch):
-    """On one node ``ring`` and ``two_shot`` read straight out of their peers' buffers
+    """On one node ``ring``, ``rabenseifner`` and ``two_shot`` read straight out of their peers' buffers
     (``direct.py``) instead of receiving messages. The steps and the order of every fold are
     the same, so the results are bitwise those of the same algorithm by messages, for lengths
     from shorter than p to many read pieces (forced small here)."""
