@@ -10,7 +10,16 @@ whole buffer before, and one transfer after (Thakur, Rabenseifner & Gropp 2005, 
 from functools import lru_cache
 from typing import NamedTuple
 
+from numba import njit
+
 TAG = 110
+
+
+@njit(cache=True, nogil=True)
+def real_rank(newrank, rem):
+    """The communicator rank that plays ``newrank`` in a group folded with ``rem`` ranks sitting
+    out (compiled, so that direct loops can call it too)."""
+    return 2 * newrank + 1 if newrank < rem else newrank + rem
 
 
 class Fold(NamedTuple):
@@ -26,7 +35,7 @@ class Fold(NamedTuple):
 
     def real(self, newrank: int) -> int:
         """The communicator rank that plays ``newrank`` in the folded group."""
-        return 2 * newrank + 1 if newrank < self.rem else newrank + self.rem
+        return int(real_rank(newrank, self.rem))
 
 
 @lru_cache(maxsize=None)

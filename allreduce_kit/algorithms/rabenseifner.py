@@ -25,7 +25,7 @@ from numba import njit
 
 from . import direct, pieces, register
 from ..kernels import reduce as _loops
-from .fold import fold_in, fold_out
+from .fold import fold_in, fold_out, real_rank
 from .ring import bounds_array, segment_bounds
 
 TAG = 105
@@ -34,12 +34,6 @@ TAG = 105
 @lru_cache(maxsize=256)
 def _bounds(n: int, pof2: int) -> tuple:
     return tuple(segment_bounds(n, pof2))
-
-
-@njit(cache=True, nogil=True)
-def _real(newrank, rem):
-    """``Fold.real`` for compiled code: the rank that plays ``newrank`` in the folded group."""
-    return 2 * newrank + 1 if newrank < rem else newrank + rem
 
 
 @njit(cache=True, nogil=True)
@@ -59,9 +53,7 @@ def _direct(buf, bounds, state, piece, iov, code, divisor):
     (its partners, and the even partner that takes the result back) has finished reading.
     """
     rank, size = state[0], state[1]
-    pof2 = 1
-    while pof2 * 2 <= size:
-        pof2 *= 2
+    pof2 = bounds.size - 1  # ``bounds`` cuts the buffer into pof2 segments
     rem, levels = size - pof2, 0
     while (1 << levels) < pof2:
         levels += 1
@@ -83,7 +75,7 @@ def _direct(buf, bounds, state, piece, iov, code, divisor):
         lo, hi = 0, pof2  # the segments this rank is responsible for
         for i in range(levels):  # reduce-scatter by recursive halving
             mask = pof2 >> (i + 1)
-            partner = _real(me ^ mask, rem)
+            partner = real_rank(me ^ mask, rem)
             if me & mask:
                 lo = lo + mask
             else:
@@ -98,7 +90,7 @@ def _direct(buf, bounds, state, piece, iov, code, divisor):
             direct.finish(state, first + 2 + i)
         for j in range(levels):  # allgather by recursive doubling
             mask = 1 << j
-            partner = _real(me ^ mask, rem)
+            partner = real_rank(me ^ mask, rem)
             theirs_lo = lo ^ mask
             direct.wait_for(state, partner, first + 1 + levels + j)
             a, b = bounds[theirs_lo], bounds[theirs_lo + mask]
@@ -109,7 +101,7 @@ def _direct(buf, bounds, state, piece, iov, code, divisor):
         # The caller may change the buffer on return: wait until every rank that reads it has
         # finished its reads (the partners, and the even partner that takes the result back).
         for j in range(levels):
-            direct.wait_for(state, _real(me ^ (1 << j), rem), done - 1)
+            direct.wait_for(state, real_rank(me ^ (1 << j), rem), done - 1)
         if rank < 2 * rem:
             direct.wait_for(state, rank - 1, done)
     direct.finish(state, done)
