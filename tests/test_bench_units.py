@@ -91,3 +91,30 @@ def test_the_default_tuning_file_follows_xdg_config_home(tmp_path, monkeypatch):
     selection.write(str(selection.default_path()), 4, [(0, "naive")], {})
     table, source = selection.load()
     assert source == str(selection.default_path()) and table == {4: ((0, "naive"),)}
+
+
+def test_a_sample_is_restore_barrier_timed_calls_barrier():
+    """Nothing of the bench's own runs while any rank may still be in a timed call: each sample
+    restores the input, waits for every rank, makes its calls, and waits for every rank again
+    before the next restore (where ranks share cores, a restore would take a core from them)."""
+    import numpy as np
+    from allreduce_kit.bench.timing import time_calls
+
+    events = []
+
+    class OneRank:
+        def Barrier(self):
+            events.append("barrier")
+
+        def Allreduce(self, sendbuf, recvbuf, op=None):
+            pass
+
+    calls = {"a": lambda: events.append("a"), "b": lambda: events.append("b")}
+    times, batches = time_calls(calls, lambda: events.append("restore"), OneRank(), samples=3, warmup=2, batch=2)
+    assert batches == {"a": 2, "b": 2} and all(t.shape == (3,) and (t >= 0).all() for t in times.values())
+    warm_up, timed = events[:6], events[6:]
+    assert warm_up == ["restore", "a", "a", "restore", "b", "b"], "untimed; no barrier needed"
+    samples = [timed[i:i + 5] for i in range(0, len(timed), 5)]
+    assert len(samples) == 3 * 2
+    for sample in samples:
+        assert sample in (["restore", "barrier", "a", "a", "barrier"], ["restore", "barrier", "b", "b", "barrier"])

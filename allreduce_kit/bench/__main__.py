@@ -208,7 +208,7 @@ def preamble(comm: MPI.Intracomm, args, threads: int, auto_source: str) -> dict:
         "step_factor": args.stepfactor, "warmup": args.warmup_iters, "samples": args.iters,
         "batch": args.batch or f"auto: calls fitting in {SAMPLE_SECONDS * 1e3:g} ms at the fastest warm-up pace of the size, 1..{MAX_BATCH}", "algorithms": args.names,
         "auto_table": auto_source,
-        "timing": "per sample: restore input (untimed), barrier, then batch back-to-back calls; time per call = "
+        "timing": "per sample: restore input (untimed), barrier, then batch back-to-back calls, barrier (untimed); time per call = "
                   "slowest rank's; median, min and max over samples",
     }
     say(f"# {PROG}: allreduce, {p} ranks on {len(hosts)} host(s) ({', '.join(hosts)})")
@@ -217,7 +217,7 @@ def preamble(comm: MPI.Intracomm, args, threads: int, auto_source: str) -> dict:
         f"reduction kernels: {args.kernel}, {threads} thread(s) per rank")
     say(f"# {args.warmup_iters} warm-up calls, then {args.iters} timed samples per row; a sample is a barrier and "
         f"then {'%d calls' % args.batch if args.batch else f'as many calls as fit in {SAMPLE_SECONDS * 1e3:g} ms at the fastest warm-up pace of the size, the same for every algorithm (1..{MAX_BATCH}; --json has each)'}"
-        f" back to back")
+        f" back to back, then a barrier again (untimed)")
     say("# time = the slowest rank's time per call: median, min and max over samples. algbw = size / time, "
         "busbw = algbw * 2(p-1)/p")
     mpi_row = ("allreduce(algorithm='mpi'), as auto would call it (--tune)" if args.tune

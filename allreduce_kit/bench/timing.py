@@ -1,8 +1,12 @@
 """The timed loop, kept free of the bench's own work.
 
 Each sample of each algorithm: restore the input (untimed), a barrier, then ``batch``
-back-to-back calls timed with ``perf_counter`` on every rank; the sample's time per call is
-the slowest rank's. The algorithms of one message size take turns sample by sample, so a burst
+back-to-back calls timed with ``perf_counter`` on every rank, then a second barrier (untimed);
+the sample's time per call is the slowest rank's. The second barrier keeps the bench's own work
+out of other ranks' timed calls: without it a rank that finishes early goes on to restore the
+next input (a copy of the whole buffer) while the others are still timed, and where ranks
+share cores that copy takes a core from them (at 8 ranks on 2 cores and 16 MiB it made MPI's
+time 27% longer, the ring's 30% and two_shot's 43%: docs/performance.md). The algorithms of one message size take turns sample by sample, so a burst
 of load from elsewhere on the machine hits them all alike and their ratios stay fair; each
 sample takes them in a new random order (seeded, the same on every rank), so that no algorithm
 always runs right after the same other one and inherits the state it leaves behind. Buffers
@@ -53,5 +57,6 @@ def time_calls(calls: Dict[str, Callable[[], object]], restore: Callable[[], obj
             for _ in loop:
                 call()
             times[j, i] = (perf_counter() - start) / batches[j]
+            comm.Barrier()  # nobody restores (a copy of the whole buffer) while others are still timed
     comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
     return dict(zip(calls, times)), dict(zip(calls, batches))
