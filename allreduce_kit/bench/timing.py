@@ -6,10 +6,12 @@ the sample's time per call is the slowest rank's. The second barrier keeps the b
 out of other ranks' timed calls: without it a rank that finishes early goes on to restore the
 next input (a copy of the whole buffer) while the others are still timed, and where ranks
 share cores that copy takes a core from them (at 8 ranks on 2 cores and 16 MiB it made MPI's
-time 27% longer, the ring's 30% and two_shot's 43%: docs/performance.md). The algorithms of one message size take turns sample by sample, so a burst
-of load from elsewhere on the machine hits them all alike and their ratios stay fair; each
-sample takes them in a new random order (seeded, the same on every rank), so that no algorithm
-always runs right after the same other one and inherits the state it leaves behind. Buffers
+time 27% longer, the ring's 30% and two_shot's 43%: docs/performance.md).
+
+The algorithms of one message size take turns sample by sample, so a burst of load from
+elsewhere on the machine hits them all alike and their ratios stay fair; each sample takes
+them in a new random order (seeded, the same on every rank), so that no algorithm always runs
+right after the same other one and inherits the state it leaves behind. Buffers
 exist and kernels are compiled before the first timed call (warm-up calls run first).
 
 ``batch`` comes from the warm-up: as many calls as fit in ``SAMPLE_SECONDS`` at the fastest
