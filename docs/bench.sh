@@ -4,7 +4,7 @@
 #   docs/bench.sh [OUTDIR] [STEP...]      STEP: tune sweep numpy repeat autorepeat fit (default: all, in that order)
 #
 # Run from the repository root with the venv built as the README says (or set PYTHON and
-# MPIEXEC). Takes 20-25 minutes on the 2-core machine when it is quiet; run it when nothing else is running,
+# MPIEXEC). Takes 12-25 minutes on the 2-core machine when it is quiet; run it when nothing else is running,
 # since every rank count above 2 shares the two cores.
 set -euo pipefail
 OUT=${1:-docs/results}
