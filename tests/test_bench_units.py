@@ -97,7 +97,6 @@ def test_a_sample_is_restore_barrier_timed_calls_barrier():
     """Nothing of the bench's own runs while any rank may still be in a timed call: each sample
     restores the input, waits for every rank, makes its calls, and waits for every rank again
     before the next restore (where ranks share cores, a restore would take a core from them)."""
-    import numpy as np
     from allreduce_kit.bench.timing import time_calls
 
     events = []
