@@ -85,6 +85,14 @@ def combine_parallel(dst, src, op):
 
 
 @njit(**_FLAGS)
+def copy(dst, src):
+    """dst = src, element by element. Inside compiled code this is several times faster than
+    ``dst[:] = src`` on small arrays, which numba runs through its general slice assignment."""
+    for i in range(src.size):
+        dst[i] = src[i]
+
+
+@njit(**_FLAGS)
 def fdivide(buf, d):
     for i in range(buf.size):
         buf[i] = buf[i] / d

@@ -92,6 +92,19 @@ def test_sum_divide_is_sum_then_divide_in_one_pass(dtype):
     np.testing.assert_allclose(dst, expected.astype(dtype), rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [d.name for d in kernels.DTYPES])
+def test_copy_moves_every_bit_into_the_destination_range_only(dtype):
+    # The compiled copy the shared-memory algorithm moves data with: NaN payloads and -0.0 are
+    # copied as bits, and nothing outside ``dst`` is touched.
+    src = values(1001, dtype, 5)
+    if src.dtype.kind == "f":
+        src[:3] = [np.nan, -0.0, np.inf]
+    outer = np.full(1005, 7, dtype)
+    kernels.reduce.copy(outer[2:1003], src)
+    assert outer[:2].tolist() == [7, 7] and outer[1003:].tolist() == [7, 7]
+    assert outer[2:1003].tobytes() == src.tobytes()
+
+
 def test_kernels_source_imports_no_mpi():
     source = Path(kernels.__file__).parent
     for file in source.glob("*.py"):

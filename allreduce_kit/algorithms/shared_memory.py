@@ -75,7 +75,7 @@ def _allreduce(buf, slots, state, code, divisor):
         m = stop - start
         gen += 1
         base = (gen & 1) * size * per_slot
-        slots[base + rank * per_slot:base + rank * per_slot + m] = buf[start:stop]
+        _loops.copy(slots[base + rank * per_slot:base + rank * per_slot + m], buf[start:stop])
         store_release(flags + _LINE * 2 * rank, gen)
         _wait_all(flags, 0, size, gen, yield_fn)
         if m * buf.itemsize >= scatter_from:
@@ -87,10 +87,10 @@ def _allreduce(buf, slots, state, code, divisor):
                 _loops.divide(mine, divisor)
             store_release(flags + _LINE * (2 * rank + 1), gen)
             _wait_all(flags, 1, size, gen, yield_fn)
-            buf[start:stop] = slots[base:base + m]
+            _loops.copy(buf[start:stop], slots[base:base + m])
         else:
             piece = buf[start:stop]
-            piece[:] = slots[base:base + m]
+            _loops.copy(piece, slots[base:base + m])
             for k in range(1, size):
                 _loops.combine(piece, slots[base + k * per_slot:base + k * per_slot + m], code)
             if divisor != 0:
