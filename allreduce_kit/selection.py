@@ -31,9 +31,9 @@ FORMAT = 1
 #: rank count -> ((min_bytes, algorithm), ...): ``bench --tune`` on the development machine (2 cores,
 #: MPICH 5.0.2, float32 sum, 4 B to 64 MiB; docs/results/tuning.json and docs/performance.md).
 BUILTIN: Dict[int, Tuple[Tuple[int, str], ...]] = {
-    2: ((0, "shared_memory"), (32 << 10, "two_shot")),
-    4: ((0, "shared_memory"), (128 << 10, "two_shot")),
-    8: ((0, "shared_memory"), (256 << 10, "two_shot")),
+    2: ((0, "shared_memory"), (16 << 20, "two_shot")),
+    4: ((0, "shared_memory"), (16 << 20, "two_shot")),
+    8: ((0, "shared_memory"), (16 << 20, "two_shot")),
 }
 
 Table = Dict[int, Tuple[Tuple[int, str], ...]]
