@@ -22,8 +22,8 @@ name                   what it does                                 when it is t
                        allgather by recursive doubling (on one      2(p-1)/p n traffic in only
                        node each step reads the partner's buffer    2 lg p messages (MPICH's
                        directly)                                    long-message choice)
-``shared_memory``      every rank copies its buffer into a slot of  ranks on one node, up to a few
-                       a window the node shares, raises a flag;     MiB: no messages, and waiting
+``shared_memory``      every rank copies its buffer into a slot of  ranks on one node, up to 16 MiB
+                       a window the node shares, raises a flag;     here: no messages, and waiting
                        once all flags are up the slots are folded   yields the core when ranks
                        (whole, or 1/p per rank, then copied out)    share cores
 ``two_shot``           each rank folds its own segment out of every large messages on one node: the
