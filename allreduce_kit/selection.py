@@ -31,8 +31,9 @@ FORMAT = 1
 #: rank count -> ((min_bytes, algorithm), ...): ``bench --tune`` on the development machine (2 cores,
 #: MPICH 5.0.2, float32 sum, 4 B to 64 MiB; docs/results/tuning.json and docs/performance.md),
 #: with the switch at 32 MiB, not the tune's 16 MiB: the tune's runs of at least three sizes
-#: cannot end a sweep with a two-size run, though its own 16 MiB rows, like every repeated
-#: every-size run, have ``shared_memory`` ahead there (docs/performance.md, "auto").
+#: cannot end a sweep with a two-size run, though its own 16 MiB rows have ``shared_memory``
+#: ahead there at every p, as have the every-size repeats at 2 and 4 ranks (a tie at 8;
+#: docs/performance.md, "auto").
 BUILTIN: Dict[int, Tuple[Tuple[int, str], ...]] = {
     2: ((0, "shared_memory"), (32 << 20, "two_shot")),
     4: ((0, "shared_memory"), (32 << 20, "two_shot")),
