@@ -7,10 +7,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
-    # The kernels' source lives in the top-level kernels/ folder but installs as
-    # allreduce_kit.kernels, so no generic top-level "kernels" name lands in site-packages.
-    packages=sorted(set(find_packages(include=["allreduce_kit", "allreduce_kit.*"])) | {"allreduce_kit.kernels"}),
-    package_dir={"allreduce_kit.kernels": "kernels"},
+    packages=find_packages(include=["allreduce_kit", "allreduce_kit.*"]),
     install_requires=[
         "mpi4py>=4.0",
         "mpich",  # MPI itself, from PyPI; see docs/install.md to use a cluster's own MPI instead

@@ -2,21 +2,47 @@
 
 >>> from allreduce_kit import allreduce, ALGORITHMS
 >>> allreduce(grad, op="mean", algorithm="ring")   # in place on every rank; returns grad
+
+Importing the package changes nothing in the process: no environment variable is written, no
+hook installed, and MPI starts only when something that needs it is first used (``allreduce``,
+``ALGORITHMS``, ...), so ``import allreduce_kit.kernels`` never starts it. Abort-on-error and
+MPICH's yield setting are asked for: ``python -m allreduce_kit.run script.py``, or
+``install_abort_hook()`` (docs/settings.md).
 """
-from . import yield_env  # first: sets MPICH's yield setting before mpi4py starts MPI  # noqa: F401
-from .abort import abort_hook_wanted, install_abort_hook
-from .algorithms import ALGORITHMS
-from .collective import allreduce, validate
-from .comm import library_comm
-from .params import FlatParameters, average_arrays, average_buffer, broadcast_parameters
-from .reduction import OPS
-from .stall import set_stall_timeout
+from importlib import import_module
+from typing import Any
 
 __version__ = "0.1.0"
 
-if abort_hook_wanted():
-    install_abort_hook()
+#: public name -> the module that defines it, imported on first use
+_PUBLIC = {
+    "allreduce": "collective", "validate": "collective",
+    "ALGORITHMS": "algorithms",
+    "OPS": "reduction",
+    "library_comm": "comm",
+    "install_abort_hook": "abort",
+    "set_stall_timeout": "stall",
+    "Topology": "topology",
+    "FlatParameters": "params", "average_arrays": "params", "average_buffer": "params",
+    "broadcast_parameters": "params",
+}
 
-__all__ = ["allreduce", "ALGORITHMS", "OPS", "library_comm", "validate", "install_abort_hook",
-           "set_stall_timeout", "average_arrays", "average_buffer", "broadcast_parameters",
-           "FlatParameters", "__version__"]
+__all__ = [*_PUBLIC, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        try:
+            return import_module(f"{__name__}.{name}")  # a submodule: allreduce_kit.kernels, ...
+        except ModuleNotFoundError as missing:
+            if missing.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -1,14 +1,14 @@
 """Turn an uncaught exception on one rank into the end of the whole job, not a hang.
 
 Without this, a rank that raises exits while the others wait in a collective forever
-(``python -m mpi4py`` does the same for scripts launched through it).
+(``python -m mpi4py`` does the same for scripts launched through it). Nothing here runs on
+import: the CLIs and ``python -m allreduce_kit.run`` install the hook (``run.prepare``), and a
+script of your own can call ``install_abort_hook()``.
 """
 import os
 import sys
 import time
 from typing import NoReturn, Optional
-
-from mpi4py import MPI
 
 #: Seconds between a rank's last words and its ``Abort``: MPICH's launcher can tear the job
 #: down before it forwards the last lines the aborting rank wrote to stderr.
@@ -30,6 +30,8 @@ def end_job(code: int = 1) -> NoReturn:
     to report the same failure again. So the process exits right there if it does.
     """
     try:
+        from mpi4py import MPI
+
         MPI.COMM_WORLD.Abort(code)
     finally:
         os._exit(code)
@@ -47,16 +49,20 @@ def abort_job(message: Optional[str] = None, code: int = 1) -> NoReturn:
 
 
 def install_abort_hook() -> bool:
-    """Chain ``sys.excepthook`` to print the traceback, then ``MPI.COMM_WORLD.Abort(1)``.
+    """Chain ``sys.excepthook`` to print the traceback, then ``MPI.COMM_WORLD.Abort(1)`` when
+    the job has more than one rank. Returns True (the hook is installed, now or before).
 
-    Installed on import of ``allreduce_kit`` when the world has more than one rank, unless
-    ``ALLREDUCE_KIT_ABORT_ON_ERROR=0``. Returns whether the hook is now installed.
+    Safe to call before MPI starts: the hook looks MPI up only when an exception reaches it.
     """
     if getattr(sys.excepthook, "_allreduce_kit_abort", False):
         return True
     previous = sys.excepthook
 
     def hook(kind, value, traceback):
+        MPI = sys.modules.get("mpi4py.MPI")  # never start MPI just to report an error
+        if MPI is None or not MPI.Is_initialized() or MPI.Is_finalized() or MPI.COMM_WORLD.Get_size() == 1:
+            previous(kind, value, traceback)
+            return
         try:
             rank = MPI.COMM_WORLD.Get_rank()
             sys.stderr.write(f"allreduce_kit: uncaught {kind.__name__} on rank {rank}; aborting the job\n")
@@ -67,9 +73,3 @@ def install_abort_hook() -> bool:
     hook._allreduce_kit_abort = True
     sys.excepthook = hook
     return True
-
-
-def abort_hook_wanted() -> bool:
-    """Whether importing the package should install the hook."""
-    return (os.environ.get("ALLREDUCE_KIT_ABORT_ON_ERROR", "1") != "0"
-            and MPI.COMM_WORLD.Get_size() > 1)

@@ -11,6 +11,8 @@ from typing import Any, Optional
 
 from mpi4py import MPI
 
+from . import config
+
 
 def is_root(comm: Optional[MPI.Comm] = None) -> bool:
     return (comm or MPI.COMM_WORLD).Get_rank() == 0
@@ -45,6 +47,19 @@ class RankZeroParser(argparse.ArgumentParser):
         if is_root() and message:
             (file or sys.stderr).write(message)
             (file or sys.stderr).flush()
+
+
+def settings_problem() -> Optional[str]:
+    """Why an ``ALLREDUCE_KIT_*`` setting in the environment cannot be used, or None.
+
+    The CLIs check every setting up front, so a typo is one message and exit 2, not a traceback
+    from the first collective."""
+    for setting in config.SETTINGS:
+        try:
+            config.read(setting)
+        except ValueError as error:
+            return f"environment: {error}"
+    return None
 
 
 def write_json(path: str, payload: Any) -> None:

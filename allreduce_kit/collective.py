@@ -1,20 +1,14 @@
 """``allreduce``: validate locally, optionally agree across ranks, then run one algorithm."""
-import os
 from typing import Optional
 
 import numpy as np
 from mpi4py import MPI
 
-from . import kernels
+from . import config, kernels, selection
 from .algorithms import ALGORITHMS
 from .comm import _world, library_comm
 from .reduction import OPS
-from . import selection
 from .stall import INSPECTOR
-
-#: ``ALLREDUCE_KIT_CHECK=1`` turns ``check=True`` on for every call that does not say otherwise.
-CHECK_BY_DEFAULT = os.environ.get("ALLREDUCE_KIT_CHECK", "0").lower() not in ("", "0", "false", "no")
-
 
 _DTYPES = frozenset(kernels.DTYPES)
 _OPS = frozenset(OPS)
@@ -97,7 +91,12 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
     not arrived and the job is aborted.
     """
     lib = _world[0] if comm is None and _world else library_comm(comm)
-    if check or (check is None and CHECK_BY_DEFAULT):
+    if stall_timeout is not None:
+        try:
+            stall_timeout = config.seconds(stall_timeout)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"allreduce: stall_timeout: {error}") from None
+    if check or (check is None and lib.check_default):
         try:
             validate(buf, op, algorithm)
         except (TypeError, ValueError) as error:
@@ -108,7 +107,8 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
     if lib.nranks == 1 or buf.size == 0:
         return buf
     if algorithm == "auto":
-        algorithm = lib.auto_choices.get(buf.nbytes) or selection.choose_for(lib, buf.nbytes)
+        auto = lib.state.get(selection.Auto)
+        algorithm = (auto and auto.choices.get(buf.nbytes)) or selection.choose_for(lib, buf.nbytes)
     red = lib.reductions[op]
     # The stall inspector's bookkeeping, inline: a small message's whole call is a few
     # microseconds (see the comment in ``stall.Inspector``).

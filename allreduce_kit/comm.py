@@ -3,53 +3,58 @@
 Every message the library sends travels on this clone, so it can never match a receive the
 user posted on their own communicator, whatever tags either side uses.
 """
-from functools import cached_property
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional, Type, TypeVar
 
 import numpy as np
 from mpi4py import MPI
 
+from . import config
 from .reduction import Reductions
 from .stall import INSPECTOR, Watch
-from .threads import cores_available, ranks_on_this_node, thread_share
+from .topology import Topology
+
+T = TypeVar("T")
 
 
 class LibraryComm(MPI.Intracomm):
-    """A cloned intracommunicator, what the algorithms need to know about it, scratch buffers,
-    and its stall-inspector watch. Created collectively (see ``library_comm``)."""
+    """A cloned intracommunicator and the little every collective on it needs: rank and size,
+    where its ranks sit (``layout``, a ``Topology``), this rank's reductions, scratch buffers and its stall
+    watch. Algorithms and transports keep their own state in ``state``, keyed by its type
+    (``attach``). Created collectively (see ``library_comm``)."""
 
     watch: Watch
 
     def __new__(cls, comm: MPI.Intracomm) -> "LibraryComm":
         self = super().__new__(cls, comm)
-        self._scratch: Dict[int, np.ndarray] = {}
-        self._views: Dict[tuple, np.ndarray] = {}
         #: ``Get_size()`` and ``Get_rank()``, read once (they never change for a communicator).
         self.nranks, self.myrank = comm.Get_size(), comm.Get_rank()
-        node_ranks = ranks_on_this_node(comm)
-        #: Threads this rank's reduction kernels may use: its share of the node's cores.
-        self.threads = thread_share(ranks=node_ranks)
+        self.layout = Topology.of(comm)
+        #: Threads this rank's reduction kernels may use: its share of its node's cores.
+        self.threads = self.layout.threads()
         #: Some node has more ranks than cores, so a message may cost a context switch. The same
-        #: on every rank, so that algorithms that split messages by it agree on the split.
-        self.oversubscribed = bool(comm.allreduce(node_ranks > cores_available(), op=MPI.LOR))
+        #: on every rank, so algorithms that split messages by it agree on the split.
+        self.oversubscribed = self.layout.oversubscribed
+        #: ``check`` for calls that do not pass one (``ALLREDUCE_KIT_CHECK``).
+        self.check_default = config.read(config.CHECK)
         #: ``reductions[op]``: ``op`` over this communicator's ranks, on this rank's threads.
         self.reductions = Reductions(self.nranks, self.threads)
-        #: Per-communicator cache for ``algorithm="auto"`` (see ``selection.py``), and its
-        #: choices so far by message size (one dictionary lookup per call once made).
-        self.auto = None
-        self.auto_choices: Dict[int, str] = {}
-        #: tag -> an algorithm's compiled exchange loop or shared window, or ``None`` if there
-        #: is none (``algorithms/native.py``, ``algorithms/shared_memory.py``).
-        self.native: Dict[int, object] = {}
+        #: type -> the instance an algorithm or transport attached (``attach``); ``None`` where
+        #: it found it cannot be used on this communicator.
+        self.state: Dict[type, object] = {}
+        self._scratch: Dict[int, np.ndarray] = {}
+        self._views: Dict[tuple, np.ndarray] = {}
         self.watch = INSPECTOR.watch(self)
         return self
 
-    @cached_property
-    def fold(self):
-        """This rank's place when the ranks are folded to a power of two (``algorithms/fold.py``)."""
-        from .algorithms.fold import plan  # here, not at the top: the algorithms import this module
+    def attach(self, kind: Type[T], make: Callable[["LibraryComm"], Optional[T]]) -> Optional[T]:
+        """The ``kind`` attached to this communicator, made by ``make(self)`` the first time
+        (collective then, if ``make`` is). Instances with a ``free()`` are freed with the clone.
 
-        return plan(self.nranks, self.myrank)
+        Hot paths read ``comm.state.get(kind)`` first and call this only on a miss.
+        """
+        if kind not in self.state:
+            self.state[kind] = make(self)
+        return self.state[kind]  # type: ignore[return-value]
 
     def scratch(self, count: int, dtype: np.dtype, slot: int = 0) -> np.ndarray:
         """A reusable 1-D array of ``count`` elements; contents undefined. One per ``slot``.
@@ -75,9 +80,10 @@ class LibraryComm(MPI.Intracomm):
 def _free_clone(comm: MPI.Comm, keyval: int, clone: LibraryComm) -> None:
     if not MPI.Is_finalized():
         INSPECTOR.unwatch(clone.watch)
-        for held in clone.native.values():
-            if hasattr(held, "free"):  # a shared window (``algorithms/shared_memory.py``)
+        for held in clone.state.values():
+            if hasattr(held, "free"):  # a shared window, a node communicator
                 held.free()
+        clone.state.clear()
         clone.Free()
 
 
@@ -99,10 +105,14 @@ def library_comm(comm: Optional[MPI.Intracomm] = None) -> LibraryComm:
 
 
 def _clone_of(comm: MPI.Intracomm) -> LibraryComm:
+    if not isinstance(comm, MPI.Comm):
+        raise TypeError(f"comm must be an mpi4py intracommunicator, got {type(comm).__name__}")
+    if comm == MPI.COMM_NULL:
+        raise ValueError("comm is MPI.COMM_NULL")
+    if comm.Is_inter():
+        raise TypeError("comm must be an intracommunicator, got an intercommunicator")
     lib = comm.Get_attr(_KEYVAL)
     if lib is None:
-        if comm.Is_inter():
-            raise TypeError("allreduce: comm must be an intracommunicator, got an intercommunicator")
         lib = LibraryComm(comm.Clone())
         comm.Set_attr(_KEYVAL, lib)
     return lib

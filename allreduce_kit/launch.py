@@ -16,11 +16,16 @@ nodes, never more than the world's size: fine.
 ``python -m allreduce_kit.launch`` runs the check and prints where the ranks landed: a quick
 test of a site's ``srun`` or ``mpiexec`` before a long job.
 """
-import os
-import sys
-from typing import Mapping, Optional
+if __name__ == "__main__":  # abort-on-error and heavy yield, asked for before MPI starts
+    from .run import prepare
 
-from mpi4py import MPI
+    prepare()
+
+import os  # noqa: E402
+import sys  # noqa: E402
+from typing import Mapping, Optional  # noqa: E402
+
+from mpi4py import MPI  # noqa: E402
 
 __all__ = ["launched_tasks", "launch_problem", "check_launch", "placement"]
 

@@ -23,9 +23,10 @@ from bisect import bisect_right
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from . import config
 from .algorithms import ALGORITHMS
 
-ENV = "ALLREDUCE_KIT_TUNING"
+ENV = config.TUNING.name
 FORMAT = 1
 
 #: rank count -> ((min_bytes, algorithm), ...): ``bench --tune`` on the development machine (2 cores,
@@ -81,7 +82,7 @@ def load(path: Optional[str] = None) -> Tuple[Table, str]:
     ``path`` overrides the environment; a named file that is missing or malformed raises
     ``ValueError`` (the default file is used only if it exists).
     """
-    chosen = path or os.environ.get(ENV, "").strip()
+    chosen = path or config.read(config.TUNING)
     if chosen == "builtin":
         return dict(BUILTIN), "builtin"
     if not chosen:
@@ -113,14 +114,16 @@ def choose(nbytes: int, size: int, table: Optional[Table] = None) -> str:
     return rules[bisect_right([r[0] for r in rules], nbytes) - 1][1]
 
 
-class _Auto:
-    """One communicator's table: its rank count's rules and where they came from."""
+class Auto:
+    """One communicator's ``auto``: its rank count's rules, where they came from, and the
+    choices made so far by message size (``choices``, read first by ``allreduce``)."""
 
-    __slots__ = ("rules", "starts", "source")
+    __slots__ = ("rules", "starts", "source", "choices")
 
     def __init__(self, rules: Sequence[Tuple[int, str]], source: str):
         self.rules, self.source = tuple(rules), source
         self.starts = [r[0] for r in rules]
+        self.choices: Dict[int, str] = {}
 
     def choose(self, nbytes: int) -> str:
         return self.rules[bisect_right(self.starts, nbytes) - 1][1]
@@ -133,18 +136,18 @@ MEMO_SIZES = 4096
 def choose_for(lib, nbytes: int) -> str:
     """``auto``'s choice on the library communicator ``lib`` (collective on its first call).
 
-    Each choice is remembered in ``lib.auto_choices``, which ``allreduce`` reads first."""
-    name = lib.auto_choices.get(nbytes)
+    Each choice is remembered in the communicator's ``Auto.choices``, which ``allreduce`` reads
+    first."""
+    auto = lib.attach(Auto, _load_everywhere)
+    name = auto.choices.get(nbytes)
     if name is None:
-        if lib.auto is None:
-            lib.auto = _load_everywhere(lib)
-        name = lib.auto.choose(nbytes)
-        if len(lib.auto_choices) < MEMO_SIZES:
-            lib.auto_choices[nbytes] = name
+        name = auto.choose(nbytes)
+        if len(auto.choices) < MEMO_SIZES:
+            auto.choices[nbytes] = name
     return name
 
 
-def _load_everywhere(lib) -> _Auto:
+def _load_everywhere(lib) -> Auto:
     """Rank 0 loads the table and broadcasts it; a bad file raises on every rank."""
     try:
         loaded: object = load() if lib.myrank == 0 else None
@@ -154,14 +157,12 @@ def _load_everywhere(lib) -> _Auto:
     if isinstance(loaded, ValueError):
         raise ValueError(f"allreduce(algorithm='auto'): {loaded}")
     table, source = loaded
-    return _Auto(rules_for(table, lib.nranks), source)
+    return Auto(rules_for(table, lib.nranks), source)
 
 
 def source_for(lib) -> str:
     """Where ``lib``'s ``auto`` table came from (collective if ``auto`` was not used yet)."""
-    if lib.auto is None:
-        lib.auto = _load_everywhere(lib)
-    return lib.auto.source
+    return lib.attach(Auto, _load_everywhere).source
 
 
 def write(path: str, size: int, rules: List[Tuple[int, str]], note: dict) -> dict:

@@ -13,7 +13,6 @@ The timeout comes from ``allreduce(..., stall_timeout=S)``, else ``set_stall_tim
 ``ALLREDUCE_KIT_STALL_TIMEOUT`` (seconds; default 60; 0 turns the inspector off).
 """
 import atexit
-import os
 import sys
 import threading
 import time
@@ -22,35 +21,36 @@ from typing import List, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
+from . import config
 from .abort import abort_job
 
-DEFAULT_TIMEOUT = 60.0
 QUERY, REPLY = 1, 2
 #: How long a stuck rank waits for the others' watchdogs to answer its query, in seconds.
 ANSWER_WINDOW = 3.0
 
 
-def _timeout_from_environment() -> float:
-    raw = os.environ.get("ALLREDUCE_KIT_STALL_TIMEOUT", "")
-    try:
-        value = float(raw) if raw else DEFAULT_TIMEOUT
-    except ValueError:
-        raise ValueError(f"ALLREDUCE_KIT_STALL_TIMEOUT must be a number of seconds, got {raw!r}") from None
-    if value < 0:
-        raise ValueError(f"ALLREDUCE_KIT_STALL_TIMEOUT must be >= 0 (0 turns it off), got {raw!r}")
-    return value
+#: The timeout of a call that does not pass its own (seconds; 0: off), once known: set by
+#: ``set_stall_timeout``, else read from ``ALLREDUCE_KIT_STALL_TIMEOUT`` when the first library
+#: communicator is made (``default_timeout_now``).
+default_timeout: Optional[float] = None
 
 
-#: The timeout of a call that does not pass its own (seconds; 0: off). Set it with ``set_stall_timeout``.
-default_timeout = _timeout_from_environment()
+def default_timeout_now() -> float:
+    """The default stall timeout, read from the settings on first use (``ValueError`` names a bad
+    ``ALLREDUCE_KIT_STALL_TIMEOUT``)."""
+    global default_timeout
+    if default_timeout is None:
+        default_timeout = config.read(config.STALL_TIMEOUT)
+    return default_timeout
 
 
 def set_stall_timeout(seconds: float) -> None:
     """Set the default stall timeout for every later collective; 0 turns the inspector off."""
     global default_timeout
-    if seconds < 0:
-        raise ValueError(f"stall_timeout must be >= 0 seconds (0 turns it off), got {seconds}")
-    default_timeout = float(seconds)
+    try:
+        default_timeout = config.seconds(seconds)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"set_stall_timeout: seconds: {error}") from None
 
 
 class Watch:
@@ -109,6 +109,7 @@ class Inspector:
         self.slow_reported: List[int] = []  # calls found slow but with every rank present
 
     def watch(self, comm: MPI.Intracomm) -> Watch:
+        default_timeout_now()  # a bad setting raises here, in the caller, not in the watchdog
         watch = Watch(comm)
         with self.lock:
             self.watches.append(watch)
@@ -157,7 +158,7 @@ class Inspector:
                 continue
             watch, timeout, algorithm, buf = current
             if timeout is None:
-                timeout = default_timeout
+                timeout = default_timeout or 0.0
             waited = time.monotonic() - seen_at
             if timeout > 0 and waited > timeout * (1 + len(self.slow_reported)):
                 what = f"allreduce(algorithm={algorithm!r}, {buf.size} x {buf.dtype})"

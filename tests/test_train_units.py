@@ -1,11 +1,10 @@
 """The trainer's parts, each alone in one process: model gradients, sharding, schedule, timing
-analysis, checkpoints, bucket splits and the MPICH yield decision (no mpiexec needed)."""
+analysis, checkpoints and bucket splits (no mpiexec needed)."""
 import os
 
 import numpy as np
 import pytest
 
-from allreduce_kit import yield_env
 from allreduce_kit.params import FlatParameters, bucket_bounds
 from allreduce_kit.train import checkpoint, data
 from allreduce_kit.train.model import MLP
@@ -137,19 +136,3 @@ def test_failed_write_keeps_the_previous_checkpoint(tmp_path):
                                                (0, 1, []), (3, 1e-9, [(0, 1), (1, 2), (2, 3)])])
 def test_bucket_bounds(count, mb, expected):
     assert bucket_bounds(count, 4, mb) == expected
-
-
-@pytest.mark.parametrize("env,expected", [
-    ({"MPI_LOCALNRANKS": "100000"}, True),
-    ({"MPI_LOCALNRANKS": "1"}, False),
-    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "100000"}, True),
-    ({"SLURM_TASKS_PER_NODE": "100000(x2)"}, True),
-    ({}, False),                                                      # not launched by a known launcher
-    ({"MPI_LOCALNRANKS": "100000", "MPIR_CVAR_ENABLE_HEAVY_YIELD": "0"}, False),   # the user decides
-    ({"MPI_LOCALNRANKS": "100000", "ALLREDUCE_KIT_YIELD": "0"}, False),
-])
-def test_heavy_yield_only_when_oversubscribed_and_unset(env, expected):
-    env = dict(env)
-    user = env.get(yield_env.VARIABLE)
-    assert yield_env.enable_heavy_yield(env) is expected
-    assert env.get(yield_env.VARIABLE) == ("1" if expected else user)

@@ -37,16 +37,15 @@ from mpi4py import MPI
 from numba import njit, types
 from numba.extending import intrinsic
 
+from .. import config
 from ..kernels import reduce as _loops
 from .spin import NodeWindow, load_acquire, node_of, store_release, wait_until
 
 #: Set to ``0`` to keep ``ring``, ``rabenseifner`` and ``two_shot`` to messages even where direct reads work.
-ENV = "ALLREDUCE_KIT_DIRECT"
+ENV = config.DIRECT.name
 #: Bytes read per piece when folding a peer's range in: a quarter of this machine's 1 MiB L2,
 #: so that the piece and the range it folds into both stay in cache (docs/performance.md).
 PIECE_BYTES = 256 << 10
-#: Key of a communicator's ``Peers`` in ``LibraryComm.native`` (no message carries it).
-KEY = 111
 #: Each rank's progress counter, and its pid and buffer address, have a cache line each.
 _LINE = 64
 #: Steps a call may count: the counters of call g run from g << _STEP_BITS upward.
@@ -190,9 +189,9 @@ class Peers(NodeWindow):
 def peers_for(comm) -> Optional[Peers]:
     """``comm``'s ``Peers``, made on the first call, or ``None`` where direct reads cannot be used.
     Collective over ``comm`` on the first call; a dictionary lookup after."""
-    peers = comm.native.get(KEY, False)
+    peers = comm.state.get(Peers, False)
     if peers is False:
-        peers = comm.native[KEY] = _connect(comm)
+        peers = comm.attach(Peers, _connect)
     return peers
 
 
@@ -210,7 +209,7 @@ def run(loop, comm, buf: np.ndarray, op, bounds: np.ndarray, name: str) -> bool:
 
 
 def _connect(comm) -> Optional[Peers]:
-    wanted = os.environ.get(ENV, "1") != "0"
+    wanted = config.read(config.DIRECT)
     readv, writev = (_libc_address("process_vm_readv"), _libc_address("process_vm_writev")) if wanted else (0, 0)
     node = node_of(comm)
     if not comm.allreduce(readv != 0 and writev != 0 and node is not None, op=MPI.LAND):

@@ -53,6 +53,12 @@ def plan(p: int, rank: int) -> Fold:
     return fold._replace(partners=tuple(fold.real(newrank ^ (1 << k)) for k in range(pof2.bit_length() - 1)))
 
 
+def fold_of(comm) -> Fold:
+    """``comm``'s fold for its rank, attached to it on first use."""
+    found = comm.state.get(Fold)
+    return found if found is not None else comm.attach(Fold, lambda c: plan(c.nranks, c.myrank))
+
+
 def fold_in(comm, buf, op, fold: Fold) -> None:
     """Before: the even ranks below ``2 rem`` hand their buffers to the odd rank above.
 

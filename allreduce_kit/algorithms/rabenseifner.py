@@ -25,8 +25,8 @@ from numba import njit
 
 from . import direct, pieces, register
 from ..kernels import reduce as _loops
-from .fold import fold_in, fold_out, real_rank
-from .ring import bounds_array, segment_bounds
+from .fold import fold_in, fold_out, fold_of, real_rank
+from .segments import bounds_array, segment_bounds
 
 TAG = 105
 
@@ -110,7 +110,7 @@ def _direct(buf, bounds, state, piece, iov, code, divisor):
 
 @register("rabenseifner")
 def allreduce(comm, buf, op):
-    fold = comm.fold
+    fold = fold_of(comm)
     if direct.run(_direct, comm, buf, op, bounds_array(buf.size, fold.pof2), "rabenseifner"):
         return
     if fold.rem:

@@ -11,20 +11,20 @@ small buffer the exchange loop runs in compiled code (``native.py``).
 from mpi4py import MPI
 
 from . import native, register
-from .fold import fold_in, fold_out
+from .fold import fold_in, fold_of, fold_out
 
 TAG = 104
 
 
 @register("recursive_doubling")
 def allreduce(comm, buf, op):
-    fold = comm.fold
+    fold = fold_of(comm)
     if fold.rem:
         fold_in(comm, buf, op, fold)
     if fold.partners:
-        compiled = comm.native.get(TAG, False)
+        compiled = comm.state.get(native.Exchange, False)
         if compiled is False:
-            compiled = comm.native[TAG] = native.exchange_for(comm, fold.partners, TAG)
+            compiled = comm.attach(native.Exchange, lambda c: native.exchange_for(c, fold.partners, TAG))
         if compiled is not None and op.code is not None and buf.nbytes <= native.MAX_BYTES:
             err = native.exchange(buf, compiled.state, compiled.handles, op.code, op.divisor)
             if err:

@@ -14,38 +14,13 @@ Two ways to move the segments, the same steps and the same bits either way:
 - otherwise by messages, ``Sendrecv`` to the right and from the left; large reduce-scatter
   steps go in cache-sized pieces when every rank has a core (``pieces.py``).
 """
-from functools import lru_cache
-
-import numpy as np
 from numba import njit
 
 from . import direct, pieces, register
 from ..kernels import reduce as _loops
+from .segments import bounds_array, segment_pieces, segments
 
 TAG = 103
-
-
-def segment_bounds(n: int, p: int) -> list:
-    """Start offsets of p near-equal segments of n elements, plus n at the end."""
-    return [(i * n) // p for i in range(p + 1)]
-
-
-def segments(buf: np.ndarray, p: int) -> list:
-    """The p near-equal segments of ``buf`` (views, in order)."""
-    bounds = segment_bounds(buf.size, p)
-    return [buf[bounds[i]:bounds[i + 1]] for i in range(p)]
-
-
-@lru_cache(maxsize=256)
-def bounds_array(n: int, p: int) -> np.ndarray:
-    """``segment_bounds`` as an int64 array for compiled loops (cached: the same few sizes recur)."""
-    return np.array(segment_bounds(n, p), np.int64)
-
-
-def segment_pieces(buf: np.ndarray, comm) -> int:
-    """How many pieces (``pieces.count``) a step that folds one segment in is sent in by messages:
-    from the largest segment, so the same on every rank."""
-    return pieces.count(-(-buf.size // comm.nranks) * buf.itemsize, comm)
 
 
 @njit(cache=True, nogil=True)

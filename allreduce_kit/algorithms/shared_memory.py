@@ -28,11 +28,9 @@ import numpy as np
 from mpi4py import MPI
 from numba import njit
 
-from . import register
+from . import ALGORITHMS, register
 from .spin import NodeWindow, node_of, store_release, wait_until
 from ..kernels import reduce as _loops
-from .rabenseifner import allreduce as _rabenseifner
-from .recursive_doubling import allreduce as _recursive_doubling
 
 #: Bytes in one rank's slot, per set; larger buffers go in rounds of this size. Read when a
 #: communicator's window is made, like ``SCATTER_FROM``.
@@ -44,8 +42,6 @@ SCATTER_FROM = 16 << 10
 FALLBACK_SPLIT = 64 << 10
 #: Each flag has a cache line to itself, so raising one never disturbs another.
 _LINE = 64
-#: Key of the window in ``LibraryComm.native`` (no message carries it).
-TAG = 107
 
 
 @njit(cache=True, nogil=True)
@@ -131,10 +127,10 @@ def window_for(comm) -> Optional[Window]:
 
 @register("shared_memory")
 def allreduce(comm, buf, op):
-    window = comm.native.get(TAG, False)
+    window = comm.state.get(Window, False)
     if window is False:
-        window = comm.native[TAG] = window_for(comm)
+        window = comm.attach(Window, window_for)
     if window is None or op.code is None:
-        (_recursive_doubling if buf.nbytes <= FALLBACK_SPLIT else _rabenseifner)(comm, buf, op)
+        ALGORITHMS["recursive_doubling" if buf.nbytes <= FALLBACK_SPLIT else "rabenseifner"](comm, buf, op)
     else:
         _allreduce(buf, window.slots(buf.dtype), window.state, op.code, op.divisor)

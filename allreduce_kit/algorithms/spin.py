@@ -68,8 +68,10 @@ def address_of_sched_yield() -> int:
 
 
 def node_of(comm) -> Optional[MPI.Intracomm]:
-    """A new communicator over ``comm``'s ranks if they all share one node, else ``None``.
-    Collective over ``comm``; the answer is the same on every rank."""
+    """A new communicator over the library communicator ``comm``'s ranks if they all share one
+    node (``comm.layout``), else ``None``. Collective over ``comm``; the same on every rank."""
+    if not comm.layout.single_node:
+        return None
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     if node.Get_size() != comm.Get_size():
         node.Free()

@@ -27,7 +27,7 @@ from numba import njit
 
 from . import direct, pieces, register
 from ..kernels import reduce as _loops
-from .ring import bounds_array, segment_pieces, segments
+from .segments import bounds_array, segment_pieces, segments
 
 TAG = 106
 

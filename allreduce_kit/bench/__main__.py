@@ -9,17 +9,23 @@ of median times to MPI's, per size.
   mpiexec -n 4 python -m allreduce_kit.bench --tune          # crossover points for auto
   python -m allreduce_kit.bench --fit p2.json p4.json p8.json  # fit alpha, beta, gamma
 """
-import json
-import os
-import re
-import socket
-import sys
-from typing import List, Optional
+if __name__ == "__main__":  # abort-on-error and heavy yield, asked for before MPI starts
+    from ..run import prepare
 
-import numpy as np
-from mpi4py import MPI
+    prepare()
 
-from .. import kernels, selection, set_stall_timeout
+import json  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import socket  # noqa: E402
+import sys  # noqa: E402
+from typing import List, Optional  # noqa: E402
+
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+from .. import kernels, selection, stall  # noqa: E402
+from ..cli import settings_problem  # noqa: E402
 from ..algorithms import direct
 from ..cli import RankZeroParser, say, write_json
 from ..comm import library_comm
@@ -91,9 +97,10 @@ def build_parser() -> RankZeroParser:
     parser.add_argument("--fit", metavar="JSON", nargs="*",
                         help="fit the alpha-beta-gamma model by least squares: to this run's rows, or, given "
                              "files written by --json, to theirs (no measuring then)")
-    parser.add_argument("--stall-timeout", type=float, default=60.0, metavar="SECONDS",
+    parser.add_argument("--stall-timeout", type=float, default=None, metavar="SECONDS",
                         help="a call still waiting after this long names the ranks that have not arrived and "
-                             "aborts the job (0: off; docs/reliability.md)")
+                             "aborts the job (0: off; default: $ALLREDUCE_KIT_STALL_TIMEOUT, else 60; "
+                             "docs/reliability.md)")
     return parser
 
 
@@ -115,7 +122,7 @@ def check_args(parser: RankZeroParser, args) -> None:
         parser.error("-w/--warmup_iters 0 needs a fixed --batch (the warm-up sets the batch otherwise)")
     if args.batch < 0:
         parser.error(f"--batch must be 0 (automatic) or positive, got {args.batch}")
-    if not args.stall_timeout >= 0:
+    if args.stall_timeout is not None and not 0 <= args.stall_timeout < float("inf"):
         parser.error(f"--stall-timeout must be >= 0 seconds (0: off), got {args.stall_timeout}")
     names = available()
     if args.algorithms == "all":
@@ -244,7 +251,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             parser.error("--fit with files only reads them; --tune measures: use one at a time")
         return fit_files(comm, args)
     check_args(parser, args)
-    problem = None
+    problem = settings_problem()
     if comm.Get_rank() == 0:
         for flag in ("json", "csv", "plot"):  # fail now, not after an hour of measuring
             path = getattr(args, flag)
@@ -255,7 +262,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         except ValueError as error:
             problem = problem or f"auto: {error}"
     agree(comm, problem)
-    set_stall_timeout(args.stall_timeout)
+    if args.stall_timeout is not None:
+        stall.set_stall_timeout(args.stall_timeout)
 
     dtype = np.dtype(args.datatype)
     sizes = message_sizes(args.low, args.high, args.stepfactor, dtype.itemsize)

@@ -2,14 +2,20 @@
 
 Run ``python -m allreduce_kit.train --help`` for the options; docs/training.md explains the output.
 """
-import argparse
-import os
-import sys
-from typing import List, Optional
+if __name__ == "__main__":  # abort-on-error and heavy yield, asked for before MPI starts
+    from ..run import prepare
 
-from mpi4py import MPI
+    prepare()
 
-from .. import set_stall_timeout, yield_env
+import argparse  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from typing import List, Optional  # noqa: E402
+
+from mpi4py import MPI  # noqa: E402
+
+from .. import run, stall  # noqa: E402
+from ..cli import settings_problem  # noqa: E402
 from ..algorithms import ALGORITHMS
 from ..cli import RankZeroParser, is_root, say, write_json
 from ..launch import check_launch
@@ -129,9 +135,9 @@ _rank_step = _rank_and(int, 1, "RANK:STEP such as 1:5 (rank >= 0, step >= 1)")
 def add_reliability_options(p: RankZeroParser) -> None:
     d = DEFAULTS
     g = p.add_argument_group("reliability (docs/reliability.md)")
-    g.add_argument("--stall-timeout", type=_at_least(0.0, float), default=60.0, metavar="SECONDS",
+    g.add_argument("--stall-timeout", type=_at_least(0.0, float), default=None, metavar="SECONDS",
                    help="a collective still waiting after this long names the ranks that have not arrived "
-                        "and aborts the job (0: off)")
+                        "and aborts the job (0: off; default: $ALLREDUCE_KIT_STALL_TIMEOUT, else 60)")
     g.add_argument("--keep-checkpoints", type=_at_least(1), default=d.keep_checkpoints, metavar="K",
                    help="keep the newest K checkpoints in --checkpoint-dir")
     g.add_argument("--on-nonfinite", choices=("abort", "skip"), default=d.on_nonfinite,
@@ -205,8 +211,7 @@ def _problems(args, ranks: int) -> Optional[str]:
 
 
 def _yield_note() -> str:
-    return f"{yield_env.VARIABLE}={os.environ.get(yield_env.VARIABLE, 'unset')}" + (
-        " (set by allreduce_kit: more ranks than cores)" if yield_env.SET_BY_US else "")
+    return run.heavy_yield_state()
 
 
 def config_from(args) -> Config:
@@ -218,12 +223,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
-    problem = comm.bcast(_problems(args, comm.Get_size()) or _reliability_problems(args, comm.Get_size())
+    problem = comm.bcast(settings_problem() or _problems(args, comm.Get_size()) or _reliability_problems(args, comm.Get_size())
                          or async_main.problems(args, comm.Get_size()), root=0)
     if problem:
         parser.error(problem)                          # rank 0 prints; every rank exits 2
+    if args.stall_timeout is not None:
+        stall.set_stall_timeout(args.stall_timeout)
     threads = limit_threads(comm)
-    set_stall_timeout(args.stall_timeout)
     config = config_from(args)
     if args.mode == "async-ps":                        # issue 7: the parameter-server run
         return async_main.main(args, config, threads, _yield_note(), comm)
@@ -233,7 +239,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         say(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
     ranks = trainer.ranks
-    yield_state = os.environ.get(yield_env.VARIABLE, "unset")
+    yield_state = os.environ.get(run.HEAVY_YIELD, "unset")
     yield_note = _yield_note()
     d = trainer.data
     say(f"allreduce_kit.train: {ranks} ranks on {len(set(trainer.hosts))} host(s), {threads} thread(s) per rank, {yield_note}")
@@ -312,7 +318,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         shared = build_summary("sync", ranks, ranks, result["epochs"], result["steps"])
         say(summary_lines(shared))
         payload = {"config": {**config.as_dict(), "mode": "sync"}, "threads_per_rank": threads,
-                   "heavy_yield": yield_state, "stall_timeout": args.stall_timeout,
+                   "heavy_yield": yield_state, "stall_timeout": stall.default_timeout_now(),
                    **result, "allreduce_alone": alone, "summary": shared}
         if args.json:
             write_json(args.json, payload)

@@ -39,7 +39,6 @@ import numpy as np
 from mpi4py import MPI
 
 from ..abort import abort_job, end_job, flush_for_launcher
-from ..algorithms.ring import segment_bounds
 from . import checkpoint, data
 from .model import MLP
 from .optimizer import SGD
@@ -66,8 +65,7 @@ class Options:
 
 def shard_bounds(size: int, servers: int) -> List[Tuple[int, int]]:
     """``[start, stop)`` of each server's shard of a flat buffer of ``size`` elements."""
-    b = segment_bounds(size, servers)
-    return list(zip(b[:-1], b[1:]))
+    return [(i * size // servers, (i + 1) * size // servers) for i in range(servers)]
 
 
 class _Setup:

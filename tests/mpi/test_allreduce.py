@@ -128,10 +128,8 @@ def test_reduce_scatter_in_pieces_gives_the_same_bits(comm, algorithm, monkeypat
 def test_kernels_use_only_this_ranks_share_of_the_node(comm):
     """p ranks on a node of c cores fold with at most max(1, c // p) threads each, unless the
     user set NUMBA_NUM_THREADS or OMP_NUM_THREADS: more would make the ranks fight for cores."""
-    from allreduce_kit.threads import thread_share
-
     lib = library_comm(comm)
-    assert lib.threads == thread_share(comm) >= 1
+    assert lib.threads == lib.layout.threads() >= 1
     assert lib.reductions["sum"].threads == lib.threads
 
 
@@ -180,7 +178,7 @@ def test_shared_memory_rounds_reuse_the_window_safely(comm, scatter_from, monkey
             assert np.all(np.abs(got.astype(np.float64) - want) <= tol), f"n={n} {dtype}"
             assert_same_everywhere(comm, got)
         if p > 1:
-            assert isinstance(library_comm(fresh).native[shared_memory.TAG], shared_memory.Window)
+            assert isinstance(library_comm(fresh).state[shared_memory.Window], shared_memory.Window)
         assert_quiet(comm)
     finally:
         fresh.Free()
@@ -202,7 +200,7 @@ def test_shared_memory_without_a_window_gives_the_bits_of_its_fallbacks(comm, mo
             assert np.array_equal(got, want), fallback
             assert_same_everywhere(comm, got)
         if comm.Get_size() > 1:
-            assert library_comm(fresh).native[shared_memory.TAG] is None
+            assert library_comm(fresh).state[shared_memory.Window] is None
         assert_quiet(comm)
     finally:
         fresh.Free()
@@ -214,7 +212,7 @@ def _by_messages_too():
     from allreduce_kit.algorithms import direct
 
     fresh = MPI.COMM_WORLD.Dup()
-    library_comm(fresh).native[direct.KEY] = None
+    library_comm(fresh).state[direct.Peers] = None
     return fresh
 
 
@@ -240,8 +238,8 @@ def test_direct_reads_give_the_bits_of_messages(comm, algorithm, op, monkeypatch
                 assert np.array_equal(got, allreduce(x.copy(), op=op, algorithm=algorithm, comm=by_messages)), (n, dtype)
                 assert_same_everywhere(comm, got)
         if p > 1:
-            assert isinstance(library_comm(reads).native[direct.KEY], direct.Peers)
-            assert library_comm(by_messages).native[direct.KEY] is None
+            assert isinstance(library_comm(reads).state[direct.Peers], direct.Peers)
+            assert library_comm(by_messages).state[direct.Peers] is None
     finally:
         reads.Free()
         by_messages.Free()
@@ -295,6 +293,6 @@ def test_keeps_to_messages_when_any_rank_cannot_read_the_others(comm, algorithm,
                 x = local_values(1001, "float64", rank)
                 got = allreduce(x.copy(), op="max", algorithm=algorithm, comm=fresh)
                 assert np.array_equal(got, oracle(comm, x, "max")), how
-                assert library_comm(fresh).native.get(direct.KEY) is None, how
+                assert library_comm(fresh).state.get(direct.Peers) is None, how
             finally:
                 fresh.Free()

@@ -37,7 +37,8 @@ def test_every_rank_follows_rank_zeros_table(fresh, tmp_path_factory, monkeypatc
     allreduce(x, algorithm="auto", comm=fresh)
     assert np.all(x == p * (p + 1) / 2)
     lib = library_comm(fresh)
-    assert lib.auto.source == path and lib.auto.rules == ((0, "naive"),)
+    auto = lib.state[selection.Auto]
+    assert auto.source == path and auto.rules == ((0, "naive"),)
     assert_quiet(fresh)
 
 

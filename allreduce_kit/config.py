@@ -1,0 +1,103 @@
+"""Every ``ALLREDUCE_KIT_*`` setting, read here and nowhere else.
+
+Each setting is one line: its variable, how its text is parsed, its default and what it does.
+A value is read when it is first used, not when the package is imported, so a typo in a
+variable raises ``ValueError`` naming the variable at that point (the first collective, the
+first ``auto`` call, the CLI's start), never at ``import allreduce_kit``.
+
+Precedence, where a setting has more than one source: a CLI flag, then an argument to the API
+(``allreduce(..., check=True)``, ``set_stall_timeout(5)``), then the environment, then the
+default below. ``docs/settings.md`` is the same table for users.
+"""
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Tuple
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def boolean(text: str) -> bool:
+    """``1/true/yes/on`` or ``0/false/no/off``, any case."""
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError(f"expected one of {'/'.join(_TRUE)} or {'/'.join(_FALSE)}")
+
+
+def seconds(value: Any) -> float:
+    """A finite number of seconds >= 0 (0 turns the feature off), from text or a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TypeError(f"expected a number of seconds, got {type(value).__name__}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"expected a number of seconds, got {value!r}") from None
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"expected a finite number of seconds >= 0 (0: off), got {value!r}")
+    return number
+
+
+def text(value: str) -> str:
+    return value.strip()
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment variable: its name, parser, default and a line for the docs."""
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    doc: str
+
+
+STALL_TIMEOUT = Setting("ALLREDUCE_KIT_STALL_TIMEOUT", seconds, 60.0,
+                        "seconds a collective may wait before the stall inspector names the missing ranks "
+                        "and aborts the job; 0 turns it off (CLI: --stall-timeout; API: stall_timeout=, "
+                        "set_stall_timeout)")
+CHECK = Setting("ALLREDUCE_KIT_CHECK", boolean, False,
+                "check=True for every allreduce that does not say otherwise: one small agreement step "
+                "so that calls differing between ranks raise on every rank")
+TUNING = Setting("ALLREDUCE_KIT_TUNING", text, "",
+                 "the table auto uses: a tuning file's path, or 'builtin'; unset: the default tuning "
+                 "file if it exists, else the built-in table")
+DIRECT = Setting("ALLREDUCE_KIT_DIRECT", boolean, True,
+                 "on one node, let ring, rabenseifner and two_shot read and write peers' buffers "
+                 "directly (process_vm_readv/writev); 0 keeps them to messages")
+YIELD = Setting("ALLREDUCE_KIT_YIELD", boolean, True,
+                "the CLIs and python -m allreduce_kit.run set MPIR_CVAR_ENABLE_HEAVY_YIELD=1 before MPI "
+                "starts when a node has more ranks than cores; 0 leaves it alone")
+ABORT_ON_ERROR = Setting("ALLREDUCE_KIT_ABORT_ON_ERROR", boolean, True,
+                         "the CLIs and python -m allreduce_kit.run abort the whole job when one rank "
+                         "raises an uncaught exception; 0 leaves the default (the other ranks hang)")
+
+#: Every setting, in the order of the docs' table.
+SETTINGS: Tuple[Setting, ...] = (STALL_TIMEOUT, CHECK, TUNING, DIRECT, YIELD, ABORT_ON_ERROR)
+
+def read(setting: Setting, environ: Optional[Mapping[str, str]] = None) -> Any:
+    """The setting's value from ``environ`` (default ``os.environ``), or its default if unset.
+
+    ``ValueError`` names the variable and the value when it does not parse. Nothing is cached:
+    each setting is read where it is used, once per communicator or per process (never per call).
+    """
+    raw = (os.environ if environ is None else environ).get(setting.name)
+    if raw is None or not raw.strip():
+        return setting.default
+    try:
+        return setting.parse(raw)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{setting.name}={raw!r}: {error}") from None
+
+
+def table() -> str:
+    """The settings as a Markdown table (the one in docs/settings.md)."""
+    rows = ["| variable | default | what it does |", "| --- | --- | --- |"]
+    for s in SETTINGS:
+        default = {True: "1", False: "0", "": "unset"}.get(s.default, s.default) if not isinstance(s.default, float) \
+            else f"{s.default:g}"
+        rows.append(f"| `{s.name}` | {default} | {s.doc} |")
+    return "\n".join(rows)

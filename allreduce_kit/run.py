@@ -1,0 +1,102 @@
+"""``python -m allreduce_kit.run script.py [args]``: run a script the way the CLIs run themselves.
+
+Importing ``allreduce_kit`` changes nothing in the process. Two behaviours that a multi-rank job
+wants are asked for instead, by the CLIs (``python -m allreduce_kit.train``, ``.bench``,
+``.launch``) and by this launcher, which applies them and then runs the script as ``__main__``
+(in the spirit of ``python -m mpi4py script.py``):
+
+- **abort on error**: an uncaught exception on one rank prints its traceback and aborts the whole
+  job (``MPI_Abort``), instead of leaving the other ranks waiting in a collective forever
+  (``ALLREDUCE_KIT_ABORT_ON_ERROR=0`` leaves Python's default);
+- **heavy yield**: when the launcher put more ranks on a node than it has cores, waiting MPICH
+  ranks poll at full speed and steal the cores computing ranks need.
+  ``MPIR_CVAR_ENABLE_HEAVY_YIELD=1`` makes them yield, but MPICH reads it once, when MPI starts
+  (``from mpi4py import MPI``), so it must be set before that: here, or in the environment
+  (``mpirun -genv MPIR_CVAR_ENABLE_HEAVY_YIELD 1``). A value the user set is never changed
+  (``ALLREDUCE_KIT_YIELD=0`` leaves it alone too).
+
+Inside a script of your own, ``allreduce_kit.install_abort_hook()`` turns on the first; the
+second can only come from the environment or this launcher.
+"""
+import os
+import runpy
+import sys
+from typing import List, MutableMapping, Optional
+
+from . import config
+from .topology import oversubscribed_from_launcher
+
+HEAVY_YIELD = "MPIR_CVAR_ENABLE_HEAVY_YIELD"
+
+#: Whether ``prepare`` set ``HEAVY_YIELD`` in this process (for the CLIs' reports).
+yield_set_here = False
+
+
+def enable_heavy_yield(environ: Optional[MutableMapping[str, str]] = None) -> bool:
+    """Set ``MPIR_CVAR_ENABLE_HEAVY_YIELD=1`` in ``environ`` (default ``os.environ``) if this node
+    is oversubscribed, the user has not set it and ``ALLREDUCE_KIT_YIELD`` allows; return whether
+    it was set here. Takes effect only if MPI has not started yet."""
+    env = os.environ if environ is None else environ
+    wanted = config.read(config.YIELD, env)
+    if HEAVY_YIELD in env or not wanted or not oversubscribed_from_launcher(env):
+        return False
+    env[HEAVY_YIELD] = "1"
+    return True
+
+
+def heavy_yield_state() -> str:
+    """``MPIR_CVAR_ENABLE_HEAVY_YIELD=...`` as this process has it, and who set it."""
+    value = os.environ.get(HEAVY_YIELD, "unset")
+    return f"{HEAVY_YIELD}={value}" + (" (set by allreduce_kit: more ranks than cores)" if yield_set_here else "")
+
+
+def prepare() -> None:
+    """Apply abort-on-error and heavy yield as the settings ask; call before MPI starts."""
+    global yield_set_here
+    if "mpi4py.MPI" not in sys.modules:
+        yield_set_here = enable_heavy_yield() or yield_set_here
+    if config.read(config.ABORT_ON_ERROR):
+        from .abort import install_abort_hook
+
+        install_abort_hook()
+
+
+USAGE = """usage: python -m allreduce_kit.run script.py [args ...]
+       python -m allreduce_kit.run -m module [args ...]
+
+Run a Python script or module under MPI with abort-on-error and MPICH's heavy yield applied
+before MPI starts (see docs/settings.md)."""
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        raise SystemExit(0 if args else 2)
+    if args[0] == "--version":
+        from . import __version__
+
+        print(f"allreduce_kit {__version__}")
+        raise SystemExit(0)
+    module = args[0] == "-m"
+    if module:
+        if len(args) < 2:
+            sys.stderr.write("python -m allreduce_kit.run: error: -m needs a module name\n" + USAGE + "\n")
+            raise SystemExit(2)
+        target, rest = args[1], args[2:]
+    else:
+        target, rest = args[0], args[1:]
+        if not os.path.isfile(target):
+            sys.stderr.write(f"python -m allreduce_kit.run: error: {target}: no such file\n")
+            raise SystemExit(2)
+    prepare()
+    sys.argv = [target, *rest]
+    if module:
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    else:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+        runpy.run_path(target, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
