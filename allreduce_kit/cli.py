@@ -9,26 +9,44 @@ import json
 import sys
 from typing import Any, Optional
 
-from mpi4py import MPI
-
 from . import config
 
 
-def is_root(comm: Optional[MPI.Comm] = None) -> bool:
-    return (comm or MPI.COMM_WORLD).Get_rank() == 0
+def _mpi():
+    """mpi4py's MPI module if this process has started MPI, else None (a CLI such as ``compare``
+    runs without it, and must not start it just to print)."""
+    return sys.modules.get("mpi4py.MPI")
 
 
-def say(*args: Any, comm: Optional[MPI.Comm] = None, **kwargs: Any) -> None:
+def is_root(comm: Any = None) -> bool:
+    if comm is None:
+        MPI = _mpi()
+        if MPI is None or not MPI.Is_initialized() or MPI.Is_finalized():
+            return True
+        comm = MPI.COMM_WORLD
+    return comm.Get_rank() == 0
+
+
+def say(*args: Any, comm: Any = None, **kwargs: Any) -> None:
     """``print`` on rank 0 only, flushed at once (a job's log should show progress as it goes)."""
     if is_root(comm):
         print(*args, **kwargs, flush=True)
+
+
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Says each option's default, except where there is none to say (``None``)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None:
+            return action.help or ""
+        return super()._get_help_string(action)
 
 
 class RankZeroParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` that prints help and errors on rank 0 only."""
 
     def __init__(self, *args: Any, **kwargs: Any):
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
         super().__init__(*args, **kwargs)
 
     def exit(self, status: int = 0, message: Optional[str] = None) -> None:
@@ -39,7 +57,8 @@ class RankZeroParser(argparse.ArgumentParser):
         """
         if message:
             self._print_message(message, sys.stderr)
-        if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI = _mpi()
+        if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
             MPI.COMM_WORLD.Barrier()
         sys.exit(status)
 

@@ -109,7 +109,7 @@ def test_help_lists_every_option_with_its_default():
                    "--classes", "--momentum", "--weight-decay", "--gather-every",
                    "--stall-timeout", "--keep-checkpoints", "--on-nonfinite", "--inject-nan"):
         assert option in text, option
-    assert "(0: off) (default: 60.0)" in text and "(default: abort)" in text
+    assert "(0: off) (default: $ALLREDUCE_KIT_STALL_TIMEOUT, else 60)" in text and "(default: abort)" in text
     assert "(default: 40)" in text and "(default: auto)" in text and "(default: digits)" in text
 
 

@@ -99,8 +99,8 @@ def build_parser() -> RankZeroParser:
                              "files written by --json, to theirs (no measuring then)")
     parser.add_argument("--stall-timeout", type=float, default=None, metavar="SECONDS",
                         help="a call still waiting after this long names the ranks that have not arrived and "
-                             "aborts the job (0: off; default: $ALLREDUCE_KIT_STALL_TIMEOUT, else 60; "
-                             "docs/reliability.md)")
+                             "aborts the job (0: off; docs/reliability.md) (default: $ALLREDUCE_KIT_STALL_TIMEOUT, "
+                             "else 60)")
     return parser
 
 

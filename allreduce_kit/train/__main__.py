@@ -137,7 +137,7 @@ def add_reliability_options(p: RankZeroParser) -> None:
     g = p.add_argument_group("reliability (docs/reliability.md)")
     g.add_argument("--stall-timeout", type=_at_least(0.0, float), default=None, metavar="SECONDS",
                    help="a collective still waiting after this long names the ranks that have not arrived "
-                        "and aborts the job (0: off; default: $ALLREDUCE_KIT_STALL_TIMEOUT, else 60)")
+                        "and aborts the job (0: off) (default: $ALLREDUCE_KIT_STALL_TIMEOUT, else 60)")
     g.add_argument("--keep-checkpoints", type=_at_least(1), default=d.keep_checkpoints, metavar="K",
                    help="keep the newest K checkpoints in --checkpoint-dir")
     g.add_argument("--on-nonfinite", choices=("abort", "skip"), default=d.on_nonfinite,
