@@ -30,7 +30,7 @@ ENV = config.TUNING.name
 FORMAT = 1
 
 #: rank count -> ((min_bytes, algorithm), ...): ``bench --tune`` on the development machine (2 cores,
-#: MPICH 5.0.2, float32 sum, 4 B to 64 MiB; docs/results/tuning.json and docs/performance.md),
+#: MPICH 5.0.2, float32 sum, 4 B to 64 MiB; docs/performance.md, "auto"),
 #: with the switch at 32 MiB, not the tune's 16 MiB: the tune's runs of at least three sizes
 #: cannot end a sweep with a two-size run, though its own 16 MiB rows have ``shared_memory``
 #: ahead there at every p, as have the every-size repeats at 2 and 4 ranks (a tie at 8;

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Re-make every measurement quoted in docs/performance.md, on this machine, into OUTDIR.
+# Make every measurement that docs/performance.md quotes, on this machine, into OUTDIR.
 #
 #   docs/bench.sh [OUTDIR] [STEP...]      STEP: tune sweep numpy repeat autorepeat fit (default: all, in that order)
 #
-# Run from the repository root with the venv built as the README says (or set PYTHON and
-# MPIEXEC). Takes 12-25 minutes on the 2-core machine when it is quiet; run it when nothing else is running,
-# since every rank count above 2 shares the two cores.
+# OUTDIR defaults to results/ at the repository root (ignored by git). Run from the repository
+# root with the venv built as the README says (or set PYTHON and MPIEXEC; RANKS="2 4 8" by default).
+# Takes 20-25 minutes on a 2-core machine; run it when nothing else is running, since every
+# rank count above the core count shares the cores. Then `python docs/summarize.py OUTDIR`
+# prints the tables of docs/performance.md from the JSON files.
 set -euo pipefail
-OUT=${1:-docs/results}
+OUT=${1:-results}
 shift || true
 STEPS=${*:-tune sweep numpy repeat autorepeat fit}
 PY=${PYTHON:-.venv/bin/python}
@@ -33,7 +35,7 @@ for step in $STEPS; do
            # kernel-numba-* and kernel-numpy-* keep to messages (ALLREDUCE_KIT_DIRECT=0), so that they differ in
            # the kernel alone; kernel-direct-* is the default: numba, with the direct paths that only
            # compiled kernels make possible (they fold inside compiled loops).
-           # Three rounds of the three runs, one after another, for medians.
+           # Three sets of the three runs, one after another, for medians.
     for rep in 1 2 3; do
       for p in $RANKS; do
         for run in direct numba numpy; do
@@ -53,18 +55,19 @@ for step in $STEPS; do
         ALLREDUCE_KIT_TUNING=builtin $MPIEXEC -n "$p" $BENCH -b 16M -e 64M -f 4 -n 10 -w 2 \
           -a ring,rabenseifner,two_shot,auto,mpi --json "$OUT/large-p$p-r$rep.json" > "$OUT/large-p$p-r$rep.txt"
       done
-    done
-    $PY docs/summarize.py "$OUT" | tee "$OUT/summary.md" ;;
-  autorepeat)  # auto at every size, three times, beside the only algorithms the sweep ever found best
+    done ;;
+  autorepeat)  # auto at every size, three times, beside the algorithms its table chooses from
     for rep in 1 2 3; do
       for p in $RANKS; do
         ALLREDUCE_KIT_TUNING=builtin $MPIEXEC -n "$p" $BENCH -b 4 -e 64M -f 2 -n 10 -w 2 \
           -a shared_memory,two_shot,auto,mpi --json "$OUT/auto-p$p-r$rep.json" > "$OUT/auto-p$p-r$rep.txt"
       done
-    done
-    $PY docs/summarize.py "$OUT" | tee "$OUT/summary.md" ;;
+    done ;;
   fit)     # alpha, beta, gamma from the sweeps, predicted beside measured
     $BENCH --fit $(for p in $RANKS; do echo "$OUT/p$p.json"; done) --json "$OUT/fit.json" | tee "$OUT/fit.txt" ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done
+# The tables of docs/performance.md, from whatever the steps above (and earlier runs into OUTDIR) left there.
+$PY docs/summarize.py "$OUT" > "$OUT/summary.md"
+echo "tables in $OUT/summary.md"

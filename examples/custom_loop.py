@@ -1,6 +1,6 @@
 """A data-parallel training loop of your own, on allreduce_kit's public API.
 
-Run: mpirun -n 4 python examples/custom_loop.py
+Run: mpirun -n 4 python -m allreduce_kit.run examples/custom_loop.py
 """
 import numpy as np
 from mpi4py import MPI
