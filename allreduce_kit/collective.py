@@ -93,7 +93,7 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
     lib = _world[0] if comm is None and _world else library_comm(comm)
     if stall_timeout is not None:
         try:
-            stall_timeout = config.seconds(stall_timeout)
+            stall_timeout = config.seconds_argument(stall_timeout)
         except (TypeError, ValueError) as error:
             raise type(error)(f"allreduce: stall_timeout: {error}") from None
     if check or (check is None and lib.check_default):

@@ -41,6 +41,13 @@ def seconds(value: Any) -> float:
     return number
 
 
+def seconds_argument(value: Any) -> float:
+    """``seconds`` for a value passed to the API: a number (an int or a float), not text."""
+    if isinstance(value, (str, bool)) or not isinstance(value, (int, float)):
+        raise TypeError(f"expected a number of seconds, got {type(value).__name__}")
+    return seconds(value)
+
+
 def text(value: str) -> str:
     return value.strip()
 

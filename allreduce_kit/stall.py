@@ -48,7 +48,7 @@ def set_stall_timeout(seconds: float) -> None:
     """Set the default stall timeout for every later collective; 0 turns the inspector off."""
     global default_timeout
     try:
-        default_timeout = config.seconds(seconds)
+        default_timeout = config.seconds_argument(seconds)
     except (TypeError, ValueError) as error:
         raise type(error)(f"set_stall_timeout: seconds: {error}") from None
 
