@@ -14,25 +14,67 @@ _DTYPES = frozenset(kernels.DTYPES)
 _OPS = frozenset(OPS)
 
 
-def validate(buf, op: str, algorithm: str) -> None:
-    """Raise ``TypeError``/``ValueError`` naming the argument if this rank's call is malformed."""
-    if (type(buf) is np.ndarray and buf.flags.carray and buf.dtype in _DTYPES and op in _OPS
-            and (algorithm == "auto" or algorithm in ALGORITHMS)):
-        return  # the common case in one expression; below, each check names what is wrong
+#: MPI's reduction operations that ``op`` may also be given as, and the names they stand for.
+_MPI_OPS = ((MPI.SUM, "sum"), (MPI.PROD, "prod"), (MPI.MAX, "max"), (MPI.MIN, "min"))
+
+
+def op_name(op, caller: str = "allreduce") -> str:
+    """The name in ``OPS`` that ``op`` stands for: a name in any case (``"sum"``, ``"SUM"``), or
+    one of MPI's ``MPI.SUM``, ``MPI.PROD``, ``MPI.MAX``, ``MPI.MIN``."""
+    if isinstance(op, str):
+        if op.lower() in _OPS:
+            return op.lower()
+        raise ValueError(f"{caller}: unknown op {op!r}; choose one of {', '.join(OPS)}")
+    if isinstance(op, MPI.Op):
+        for mpi_op, name in _MPI_OPS:
+            if op == mpi_op:
+                return name
+        raise ValueError(f"{caller}: op {op!r} is not supported; choose one of {', '.join(OPS)} "
+                         f"(or MPI.SUM, MPI.PROD, MPI.MAX, MPI.MIN)")
+    raise TypeError(f"{caller}: op must be a name such as 'sum' or an MPI.Op, got {type(op).__name__}")
+
+
+def array_of(buf, caller: str = "allreduce") -> np.ndarray:
+    """The array a collective works on in place: ``buf`` itself, or a view of it that is a plain
+    C-contiguous ``numpy.ndarray`` over the same memory (of a subclass such as ``np.matrix``, of a
+    Fortran-ordered array). ``TypeError``/``ValueError`` name what is wrong."""
     if not isinstance(buf, np.ndarray):
-        raise TypeError(f"allreduce: buf must be a numpy.ndarray, got {type(buf).__name__}")
-    if buf.dtype not in _DTYPES:
+        raise TypeError(f"{caller}: buf must be a numpy.ndarray, got {type(buf).__name__}")
+    if isinstance(buf, np.ma.MaskedArray):
+        raise TypeError(f"{caller}: buf is a masked array, whose mask a reduction cannot honour; pass buf.filled(...)")
+    array = buf if type(buf) is np.ndarray else buf.view(np.ndarray)
+    if array.dtype not in _DTYPES:
         names = ", ".join(d.name for d in kernels.DTYPES)
-        raise TypeError(f"allreduce: buf has unsupported dtype {buf.dtype.str} ({buf.dtype}); supported: {names} in native byte order")
-    flags = buf.flags
-    if not flags.c_contiguous:
-        raise ValueError("allreduce: buf must be C-contiguous (reduced in place); pass np.ascontiguousarray(buf) and copy back")
+        raise TypeError(f"{caller}: buf has unsupported dtype {array.dtype.str} ({array.dtype}); supported: {names} "
+                        f"in native byte order")
+    flags = array.flags
     if not flags.writeable:
-        raise ValueError("allreduce: buf is read-only, but the reduction is written into it in place")
-    if op not in OPS:
-        raise ValueError(f"allreduce: unknown op {op!r}; choose one of {', '.join(OPS)}")
+        raise ValueError(f"{caller}: buf is read-only, but the result is written into it in place")
+    if not flags.c_contiguous:
+        if not flags.f_contiguous:
+            raise ValueError(f"{caller}: buf must be contiguous (it is written in place); pass "
+                             f"np.ascontiguousarray(buf) and copy the result back")
+        array = array.T  # the same memory in C order: an element-wise reduction does not care
+    return array
+
+
+def validate(buf, op, algorithm: str, caller: str = "allreduce"):
+    """Raise ``TypeError``/``ValueError`` naming the argument if this rank's call is malformed;
+    else return ``(array, op)``: the C-contiguous array to reduce in place (``buf`` or a view of
+    it, see ``array_of``) and ``op``'s name in ``OPS``. Sends nothing."""
+    try:
+        if (type(buf) is np.ndarray and buf.flags.carray and buf.dtype in _DTYPES and op in _OPS
+                and (algorithm == "auto" or algorithm in ALGORITHMS)):
+            return buf, op  # the common case in one expression; below, each check names what is wrong
+    except TypeError:  # an unhashable op or algorithm: named below
+        pass
+    array = array_of(buf, caller)
+    name = op_name(op, caller)
+    if not isinstance(algorithm, str):
+        raise TypeError(f"{caller}: algorithm must be a name such as 'auto' or 'ring', got {type(algorithm).__name__}")
     if algorithm != "auto" and algorithm not in ALGORITHMS:
-        raise ValueError(f"allreduce: unknown algorithm {algorithm!r}; choose 'auto' or one of {', '.join(ALGORITHMS)}")
+        raise ValueError(f"{caller}: unknown algorithm {algorithm!r}; choose 'auto' or one of {', '.join(ALGORITHMS)}")
+    return array, name
 
 
 def _signature(buf, op: str, algorithm: str, error: Optional[Exception]) -> np.ndarray:
@@ -90,33 +132,36 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
     ``allreduce_kit.stall``; 0 turns it off), the ranks that are waiting print which ranks have
     not arrived and the job is aborted.
     """
-    lib = _world[0] if comm is None and _world else library_comm(comm)
+    try:
+        array, name = validate(buf, op, algorithm)
+        error = None
+    except (TypeError, ValueError) as malformed:  # raised here, before anything is sent, unless checked
+        if not (check or (check is None and config.read(config.CHECK))):
+            raise
+        array, name, error = buf, op, malformed
     if stall_timeout is not None:
         try:
             stall_timeout = config.seconds_argument(stall_timeout)
-        except (TypeError, ValueError) as error:
-            raise type(error)(f"allreduce: stall_timeout: {error}") from None
-    if check or (check is None and lib.check_default):
-        try:
-            validate(buf, op, algorithm)
-        except (TypeError, ValueError) as error:
-            _agree(lib, buf, op, algorithm, error)
-        _agree(lib, buf, op, algorithm, None)
-    else:
-        validate(buf, op, algorithm)
-    if lib.nranks == 1 or buf.size == 0:
-        return buf
-    if algorithm == "auto":
-        auto = lib.state.get(selection.Auto)
-        algorithm = (auto and auto.choices.get(buf.nbytes)) or selection.choose_for(lib, buf.nbytes)
-    red = lib.reductions[op]
+        except (TypeError, ValueError) as bad:
+            raise type(bad)(f"allreduce: stall_timeout: {bad}") from None
+    lib = _world[0] if comm is None and _world else library_comm(comm)
+    checked = check or (check is None and lib.check_default)
     # The stall inspector's bookkeeping, inline: a small message's whole call is a few
     # microseconds (see the comment in ``stall.Inspector``).
     watch = lib.watch
     watch.calls += 1
-    INSPECTOR.current = (watch, stall_timeout, algorithm, buf)
+    INSPECTOR.current = (watch, stall_timeout, algorithm, array)
     try:
-        ALGORITHMS[algorithm](lib, buf if buf.ndim == 1 else buf.reshape(-1), red)
+        if checked and lib.nranks > 1:
+            _agree(lib, array, name, algorithm, error)
+        elif error is not None:
+            raise error
+        if lib.nranks == 1 or array.size == 0:
+            return buf
+        if algorithm == "auto":
+            auto = lib.state.get(selection.Auto)
+            algorithm = (auto and auto.choices.get(array.nbytes)) or selection.choose_for(lib, array.nbytes)
+        ALGORITHMS[algorithm](lib, array if array.ndim == 1 else array.reshape(-1), lib.reductions[name])
     finally:
         INSPECTOR.current = None
     return buf

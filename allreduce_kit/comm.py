@@ -113,6 +113,8 @@ def _clone_of(comm: MPI.Intracomm) -> LibraryComm:
         raise TypeError("comm must be an intracommunicator, got an intercommunicator")
     lib = comm.Get_attr(_KEYVAL)
     if lib is None:
-        lib = LibraryComm(comm.Clone())
+        with INSPECTOR.watching(None, f"setting up the library's communicator (size {comm.Get_size()}, "
+                                      f"the first collective call on it)"):
+            lib = LibraryComm(comm.Clone())
         comm.Set_attr(_KEYVAL, lib)
     return lib

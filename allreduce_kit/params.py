@@ -14,8 +14,10 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from .collective import allreduce
+from . import config
+from .collective import allreduce, array_of, validate
 from .comm import library_comm
+from .stall import INSPECTOR
 
 __all__ = ["FlatParameters", "average_arrays", "average_buffer", "broadcast_parameters", "bucket_bounds"]
 
@@ -44,6 +46,7 @@ def bucket_bounds(count: int, itemsize: int, bucket_mb: float) -> List[Tuple[int
     """
     if count == 0:
         return []
+    _check_bucket_mb(bucket_mb, "bucket_bounds")
     if bucket_mb <= 0:
         return [(0, count)]
     per = max(1, int(bucket_mb * 1e6) // itemsize)
@@ -51,21 +54,24 @@ def bucket_bounds(count: int, itemsize: int, bucket_mb: float) -> List[Tuple[int
 
 
 def average_buffer(buf: np.ndarray, *, bucket_mb: float = 0.0, comm: Optional[MPI.Intracomm] = None,
-                   algorithm: str = "auto") -> np.ndarray:
-    """Average the 1-D buffer ``buf`` over the ranks of ``comm`` in place, one bucket after another.
+                   algorithm: str = "auto", check: Optional[bool] = None,
+                   stall_timeout: Optional[float] = None) -> np.ndarray:
+    """Average ``buf`` over the ranks of ``comm`` in place, one bucket after another.
 
-    Collective; ``allreduce(op="mean")`` per bucket of at most ``bucket_mb`` MB (0: one bucket).
-    Returns ``buf``, bitwise the same on every rank.
+    Collective; ``allreduce(op="mean")`` per bucket of at most ``bucket_mb`` MB of 10^6 bytes
+    (0: one bucket), over ``buf``'s elements in memory order. ``buf`` is what ``allreduce``
+    takes. Returns ``buf``, bitwise the same on every rank.
     """
-    if buf.ndim != 1:
-        raise ValueError(f"average_buffer: buf must be 1-D, got shape {buf.shape}")
-    for start, stop in bucket_bounds(buf.size, buf.itemsize, bucket_mb):
-        allreduce(buf[start:stop], op="mean", algorithm=algorithm, comm=comm)
+    flat = validate(buf, "mean", algorithm, caller="average_buffer")[0].reshape(-1)
+    _check_bucket_mb(bucket_mb, "average_buffer")
+    for start, stop in bucket_bounds(flat.size, flat.itemsize, bucket_mb):
+        allreduce(flat[start:stop], op="mean", algorithm=algorithm, comm=comm, check=check, stall_timeout=stall_timeout)
     return buf
 
 
 def average_arrays(arrays: Sequence[np.ndarray], comm: Optional[MPI.Intracomm] = None,
-                   algorithm: str = "auto", bucket_mb: float = 0.0) -> List[np.ndarray]:
+                   algorithm: str = "auto", bucket_mb: float = 0.0, *, check: Optional[bool] = None,
+                   stall_timeout: Optional[float] = None) -> List[np.ndarray]:
     """Average each array over the ranks of ``comm``, in place, through one fused buffer per dtype.
 
     Collective: every rank passes arrays of the same shapes and dtypes in the same order. The
@@ -73,19 +79,25 @@ def average_arrays(arrays: Sequence[np.ndarray], comm: Optional[MPI.Intracomm] =
     ``bucket_mb`` MB if > 0) and copied back, so a model with many small layers costs one
     collective, not one per layer. Returns the arrays.
     """
+    if isinstance(arrays, np.ndarray) or not isinstance(arrays, (list, tuple)):
+        raise TypeError(f"average_arrays: arrays must be a list or tuple of numpy arrays, got "
+                        f"{'one numpy.ndarray (pass [array])' if isinstance(arrays, np.ndarray) else type(arrays).__name__}")
+    _check_bucket_mb(bucket_mb, "average_arrays")
+    validate(np.zeros(1, np.float32), "mean", algorithm, caller="average_arrays")
     arrays = list(arrays)
     for i, a in enumerate(arrays):
-        if not isinstance(a, np.ndarray):
-            raise TypeError(f"average_arrays: arrays[{i}] must be a numpy.ndarray, got {type(a).__name__}")
-        if not a.flags.writeable:
-            raise ValueError(f"average_arrays: arrays[{i}] is read-only, but it is averaged in place")
+        try:
+            array_of(a, caller="average_arrays")
+        except (TypeError, ValueError) as error:
+            raise type(error)(str(error).replace("average_arrays: buf", f"average_arrays: arrays[{i}]")) from None
     by_dtype = {}
     for i, a in enumerate(arrays):
         by_dtype.setdefault(a.dtype.str, []).append(i)
     for key in sorted(by_dtype):                      # the same order on every rank
         members = by_dtype[key]
         fused = np.concatenate([arrays[i].reshape(-1) for i in members]) if members else None
-        average_buffer(fused, bucket_mb=bucket_mb, comm=comm, algorithm=algorithm)
+        average_buffer(fused, bucket_mb=bucket_mb, comm=comm, algorithm=algorithm, check=check,
+                       stall_timeout=stall_timeout)
         start = 0
         for i in members:
             n = arrays[i].size
@@ -94,16 +106,28 @@ def average_arrays(arrays: Sequence[np.ndarray], comm: Optional[MPI.Intracomm] =
     return arrays
 
 
-def broadcast_parameters(buf: np.ndarray, root: int = 0, comm: Optional[MPI.Intracomm] = None) -> np.ndarray:
+def broadcast_parameters(buf: np.ndarray, root: int = 0, comm: Optional[MPI.Intracomm] = None, *,
+                         stall_timeout: Optional[float] = None) -> np.ndarray:
     """Overwrite ``buf`` on every rank with ``root``'s values (collective); returns ``buf``.
 
     Call once before training so that every replica starts from the same parameters.
     """
-    if not isinstance(buf, np.ndarray) or not buf.flags.c_contiguous or not buf.flags.writeable:
-        raise ValueError("broadcast_parameters: buf must be a writable C-contiguous numpy.ndarray")
+    array = array_of(buf, caller="broadcast_parameters")
+    if isinstance(root, bool) or not isinstance(root, (int, np.integer)):
+        raise TypeError(f"broadcast_parameters: root must be an int, got {type(root).__name__}")
     lib = library_comm(comm)
-    if not 0 <= root < lib.Get_size():
-        raise ValueError(f"broadcast_parameters: root {root} is not a rank of comm (size {lib.Get_size()})")
-    if lib.Get_size() > 1 and buf.size:
-        lib.Bcast(buf, root=root)
+    if not 0 <= root < lib.nranks:
+        raise ValueError(f"broadcast_parameters: root {root} is not a rank of comm (size {lib.nranks})")
+    if lib.nranks > 1 and array.size:
+        timeout = None if stall_timeout is None else config.seconds_argument(stall_timeout)
+        with INSPECTOR.watching(lib.watch, f"broadcast_parameters(root={root}, {array.size} x {array.dtype})",
+                                timeout):
+            lib.Bcast(array, root=int(root))
     return buf
+
+
+def _check_bucket_mb(bucket_mb: float, caller: str) -> None:
+    if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)):
+        raise TypeError(f"{caller}: bucket_mb must be a number of MB (10^6 bytes), got {type(bucket_mb).__name__}")
+    if not 0 <= bucket_mb < float("inf"):
+        raise ValueError(f"{caller}: bucket_mb must be >= 0 (0: one bucket), got {bucket_mb}")

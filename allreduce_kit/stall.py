@@ -16,7 +16,8 @@ import atexit
 import sys
 import threading
 import time
-from typing import List, Optional, Tuple
+from contextlib import contextmanager
+from typing import Iterator, List, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -109,15 +110,40 @@ class Inspector:
         self.slow_reported: List[int] = []  # calls found slow but with every rank present
 
     def watch(self, comm: MPI.Intracomm) -> Watch:
-        default_timeout_now()  # a bad setting raises here, in the caller, not in the watchdog
+        self.start()
         watch = Watch(comm)
         with self.lock:
             self.watches.append(watch)
+        return watch
+
+    def start(self) -> None:
+        """Start the watchdog thread if it is not running (a bad timeout setting raises here, in
+        the caller, never in the thread)."""
+        default_timeout_now()
         if self.thread is None:
             self.thread = threading.Thread(target=self._run, name="allreduce_kit-stall-inspector", daemon=True)
             self.thread.start()
             atexit.register(self.stop)  # runs before mpi4py's own MPI_Finalize at exit
-        return watch
+
+    @contextmanager
+    def watching(self, watch: Optional[Watch], what: str, timeout: Optional[float] = None) -> Iterator[None]:
+        """Watch the collective ``what`` on ``watch``'s communicator while the block runs.
+
+        ``watch`` ``None``: the set-up of a library communicator, which is itself collective and
+        has no channel yet to ask the other ranks where they are; a stall there ends the job
+        with a message that says so. Inside another watched call, the outer one stays watched.
+        """
+        if self.current is not None:
+            yield
+            return
+        self.start()
+        if watch is not None:
+            watch.calls += 1
+        self.current = (watch, timeout, what, None)
+        try:
+            yield
+        finally:
+            self.current = None
 
     def unwatch(self, watch: Watch) -> None:
         with self.lock:
@@ -140,7 +166,8 @@ class Inspector:
     # ``default_timeout``, read here), and that it ended
     # with ``INSPECTOR.current = None`` (in a ``finally``). ``allreduce`` does that inline: a
     # counter and one fresh tuple, because for small messages a method call is a measurable
-    # share of the call. The watchdog, not the caller, reads the clock.
+    # share of the call; other collectives use ``watching`` (``buf`` None, ``algorithm`` the
+    # description). The watchdog, not the caller, reads the clock.
 
     def _run(self) -> None:
         seen, seen_at = None, 0.0  # the call in progress at the last look, and since when
@@ -161,8 +188,17 @@ class Inspector:
                 timeout = default_timeout or 0.0
             waited = time.monotonic() - seen_at
             if timeout > 0 and waited > timeout * (1 + len(self.slow_reported)):
-                what = f"allreduce(algorithm={algorithm!r}, {buf.size} x {buf.dtype})"
+                what = algorithm if buf is None else f"allreduce(algorithm={algorithm!r}, {buf.size} x {buf.dtype})"
+                if watch is None:
+                    self._report_setup(waited, what)
                 self._report(watch, watch.calls, waited, what)
+
+    def _report_setup(self, waited: float, what: str) -> None:
+        """Abort a stalled set-up: no channel exists yet to ask which ranks are missing."""
+        rank = MPI.COMM_WORLD.Get_rank()
+        abort_job(f"allreduce_kit: stall: {what} has waited {waited:.1f} s on rank {rank} (world): some rank "
+                  f"of the communicator has not made its first collective call, and which one cannot be known "
+                  f"before the communicator is set up. Aborting the job.")
 
     def _report(self, watch: Watch, call: int, waited: float, what: str) -> None:
         """Abort, naming the ranks that have not arrived; if all have, the transfer is only slow."""

@@ -69,3 +69,40 @@ def test_a_negative_timeout_is_refused_by_name():
         set_stall_timeout(float("nan"))
     with pytest.raises(TypeError, match="set_stall_timeout: seconds: expected a number of seconds, got str"):
         set_stall_timeout("5")
+
+
+SKIPS = """
+import sys, time
+import numpy as np
+from mpi4py import MPI
+from allreduce_kit import allreduce, broadcast_parameters
+mode, rank = sys.argv[1], MPI.COMM_WORLD.Get_rank()
+if mode == "skips-first-call":
+    if rank != 1:
+        allreduce(np.ones(10))           # the first collective on the communicator: rank 1 never comes
+elif mode == "skips-checked-call":
+    allreduce(np.ones(10), check=True)
+    if rank != 1:
+        allreduce(np.ones(10), check=True)   # the agreement step is watched too
+elif mode == "root-skips-broadcast":
+    allreduce(np.ones(10))
+    if rank != 0:
+        broadcast_parameters(np.ones(10), root=0)
+print("started sleeping on rank", rank, time.time(), flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("mode,words", [
+    ("skips-first-call", "has not made its first collective call"),
+    ("skips-checked-call", "missing ranks (have not reached this call): [1]"),
+    ("root-skips-broadcast", "broadcast_parameters(root=0, 10 x float64) (call #2 on this communicator)"),
+])
+def test_every_collective_the_library_makes_is_watched(mpirun, tmp_path, mode, words):
+    script = tmp_path / "skips.py"
+    script.write_text(SKIPS)
+    started = time.time()
+    result = mpirun(2, [script, mode], timeout=90, via_mpi4py=False, env={"ALLREDUCE_KIT_STALL_TIMEOUT": "3"})
+    assert result.returncode != 0
+    assert words in result.stderr, result.stderr[-3000:]
+    assert time.time() - started < 60
