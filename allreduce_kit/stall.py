@@ -170,6 +170,17 @@ class Inspector:
     # description). The watchdog, not the caller, reads the clock.
 
     def _run(self) -> None:
+        """The watchdog's loop; if it fails, the job ends (a job without its watchdog could hang)."""
+        try:
+            self._watch_loop()
+        except BaseException as error:  # noqa: B902 - whatever it was, nothing watches any more
+            import traceback
+
+            traceback.print_exc()
+            abort_job(f"allreduce_kit: the stall inspector failed ({type(error).__name__}: {error}); "
+                      f"aborting the job rather than running unwatched.")
+
+    def _watch_loop(self) -> None:
         seen, seen_at = None, 0.0  # the call in progress at the last look, and since when
         while not self.stopping.wait(0.25):
             with self.lock:

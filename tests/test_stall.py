@@ -106,3 +106,14 @@ def test_every_collective_the_library_makes_is_watched(mpirun, tmp_path, mode, w
     assert result.returncode != 0
     assert words in result.stderr, result.stderr[-3000:]
     assert time.time() - started < 60
+
+
+def test_a_watchdog_that_fails_ends_the_job_instead_of_vanishing(mpirun, tmp_path):
+    script = tmp_path / "broken_watchdog.py"
+    script.write_text("import time\nimport numpy as np\nfrom allreduce_kit import allreduce, stall\n"
+                      "def broken(self):\n    raise RuntimeError('watchdog broken on purpose')\n"
+                      "stall.Inspector._watch_loop = broken\n"
+                      "allreduce(np.ones(4))\ntime.sleep(120)\n")
+    result = mpirun(2, [script], timeout=90, via_mpi4py=False)
+    assert result.returncode != 0
+    assert "the stall inspector failed (RuntimeError: watchdog broken on purpose)" in result.stderr
