@@ -48,6 +48,9 @@ class RankZeroParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any):
         kwargs.setdefault("formatter_class", DefaultsFormatter)
         super().__init__(*args, **kwargs)
+        from . import __version__
+
+        self.add_argument("--version", action="version", version=f"allreduce_kit {__version__}")
 
     def exit(self, status: int = 0, message: Optional[str] = None) -> None:
         """Exit on every rank, but only once rank 0 has printed (every rank parses the same line).

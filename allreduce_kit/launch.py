@@ -81,8 +81,15 @@ def placement(comm: Optional[MPI.Comm] = None) -> str:
     return f"MPI world of {comm.Get_size()} ranks on {len(counts)} host(s) ({per_host})"
 
 
-def main() -> None:
+def main(argv: Optional[list] = None) -> None:
     """``python -m allreduce_kit.launch``: check the launch, then print the placement on rank 0."""
+    from .cli import RankZeroParser
+
+    parser = RankZeroParser(prog="python -m allreduce_kit.launch",
+                            description="Check that the ranks of this launch are connected (not N unconnected "
+                                        "copies), then print on rank 0 how many ranks sit on each host, the "
+                                        "Slurm step and the MPI library. Takes no options.")
+    parser.parse_args(argv)
     check_launch(prog="python -m allreduce_kit.launch")
     line = placement()
     if MPI.COMM_WORLD.Get_rank() == 0:

@@ -8,6 +8,7 @@ import time
 import numba
 import numpy as np
 
+from .. import __version__
 from . import OPS, reduce_into, warm_up
 from . import reduce as _k
 
@@ -26,6 +27,7 @@ def median_seconds(fn, repeat: int) -> float:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m allreduce_kit.kernels", description=__doc__,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"allreduce_kit {__version__}")
     parser.add_argument("--mib", type=float, default=64, help="array size in MiB")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64", "int32", "int64"])
     parser.add_argument("--ops", default="sum", help="comma-separated ops, or 'all'")
