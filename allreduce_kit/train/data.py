@@ -59,6 +59,11 @@ def synthetic(samples: int, features: int, classes: int, test_fraction: float = 
     return Dataset("synthetic", *_split(X, y, test_fraction, seed), classes=classes)
 
 
+def shard_batch(samples: int, ranks: int, batch: int) -> int:
+    """The batch a rank can take: ``batch``, or its whole shard of ``samples // ranks`` if that is smaller."""
+    return max(1, min(batch, samples // ranks))
+
+
 def steps_per_epoch(samples: int, ranks: int, batch: int) -> int:
     """Steps every rank takes per epoch: its shard of ``samples // ranks`` in batches of ``batch``."""
     return -(-(samples // ranks) // batch)
