@@ -3,6 +3,7 @@
 Run ``python -m allreduce_kit.train --help`` for the options; docs/training.md explains the output.
 """
 import argparse
+import gc
 import os
 import sys
 from typing import List, Optional, Set
@@ -226,6 +227,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ResumeError as error:
         say(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
+    # What is alive now (modules, numba's compiled kernels and type tables) lives until the
+    # process ends: taken out of the garbage collector's sight, it is not traversed again by
+    # the collections during the run and at exit (about 0.25 s of CPU per rank; docs/training.md).
+    gc.freeze()
     config = trainer.config                          # --batch-size lowered to the shard, if it was larger
     ranks = trainer.ranks
     yield_state = os.environ.get(yield_env.VARIABLE, "unset")

@@ -8,6 +8,7 @@ the synchronous trainer plus the staleness table and the shutdown line.
 """
 import argparse
 import dataclasses
+import gc
 import os
 import sys
 from typing import AbstractSet, Any, Callable, Dict, Optional
@@ -112,6 +113,7 @@ def main(args, config: Config, threads: int, yield_note: str, comm: MPI.Intracom
         f"momentum {config.momentum}, weight decay {config.weight_decay}; staleness {bound}")
     if config.straggler:
         say(f"injected straggler: worker rank {config.straggler[0]} +{config.straggler[1]:g} ms per gradient")
+    gc.freeze()                                  # as the synchronous CLI does: see its main
     result = run(config, options, comm, dataset, on_epoch=lambda e: say(report.epoch_line(e, config.epochs)))
     if not is_root():
         return 0
