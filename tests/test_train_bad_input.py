@@ -18,7 +18,7 @@ from allreduce_kit.train.__main__ import build_parser, given_options
 from conftest import TESTS, run_mpi
 
 TRAIN = ["-m", "allreduce_kit.train"]
-QUICK = ["--hidden", "16", "--max-steps", "2", "--progress", "lines"]   # should a bad line be accepted
+QUICK = ["--hidden", "16", "--max-steps", "2", "--progress", "lines"]   # short, were a bad line accepted
 ROOT = os.geteuid() == 0
 
 
@@ -36,7 +36,7 @@ def _unwritable_directory(tmp_path: Path) -> Optional[str]:
 
 # -- the checkpoint directory, tried rather than guessed -----------------------------------------------
 def test_a_directory_that_cannot_be_created_is_refused_with_one_message_and_status_2():
-    """The command of the report: as root, os.access says /proc is writable, but /proc/x cannot be made."""
+    """As root, ``os.access`` calls /proc writable, yet /proc/x cannot be made: only trying tells."""
     result = run_mpi(2, TRAIN + QUICK + ["--checkpoint-dir", "/proc/x", "--checkpoint-every", "1"], timeout=120)
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-3000:]
     assert result.stderr.count("argument --checkpoint-dir: cannot create /proc/x: ") == 1, result.stderr
