@@ -3,14 +3,15 @@
 Reads the ``summary`` that ``python -m allreduce_kit.train --json`` writes in both modes (the
 same keys for ``--mode sync`` and ``--mode async-ps``, see ``allreduce_kit/train/summary.py``),
 prints one row per field and one column per run, and with ``--plot`` draws the loss per epoch
-against wall time and against samples seen, every run on the same axes.
+against wall time and against samples seen, every run on the same axes. It reads files only:
+it neither needs nor starts MPI, so it runs as one plain process.
 """
+import argparse
 import json
 import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
-from .cli import RankZeroParser, is_root, say
 from .train.summary import FIELDS
 
 
@@ -85,7 +86,8 @@ def plot(path: str, runs: Sequence[Dict[str, Any]], names: Sequence[str]) -> Non
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = RankZeroParser(prog="python -m allreduce_kit.compare",
+    parser = argparse.ArgumentParser(prog="python -m allreduce_kit.compare",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                      description="Print two or more runs of python -m allreduce_kit.train --json "
                                                  "side by side (any mode), and optionally plot their loss curves.")
     parser.add_argument("runs", nargs="+", metavar="RUN.json", help="files written by allreduce_kit.train --json")
@@ -107,10 +109,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         except ImportError:
             parser.error("argument --plot: matplotlib is not installed; pip install 'allreduce_kit[plot]'")
     names = [os.path.splitext(os.path.basename(p))[0] for p in args.runs]
-    say(table(runs, names))
-    if args.plot and is_root():
+    print(table(runs, names), flush=True)
+    if args.plot:
         plot(args.plot, runs, names)
-        say(f"wrote {args.plot}")
+        print(f"wrote {args.plot}", flush=True)
     return 0
 
 

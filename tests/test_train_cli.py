@@ -113,6 +113,21 @@ def test_help_lists_every_option_with_its_default():
     assert "(default: 40)" in text and "(default: auto)" in text and "(default: digits)" in text
 
 
+def test_a_run_imports_only_what_it_uses():
+    """No scikit-learn (the digits come from its data file), plotting, progress bar, bench or parameter server."""
+    probe = ("import runpy, sys\n"
+             "sys.argv = ['allreduce_kit.train', '--hidden', '16', '--max-steps', '2', '--progress', 'lines']\n"
+             "try:\n    runpy.run_module('allreduce_kit.train', run_name='__main__')\n"
+             "except SystemExit as end:\n    assert not end.code, end.code\n"
+             "print('MODULES', ' '.join(sorted(sys.modules)))\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=TESTS)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "test accuracy" in result.stdout
+    modules = set(result.stdout.split("MODULES", 1)[1].split())
+    for heavy in ("sklearn", "scipy.stats", "matplotlib", "tqdm", "allreduce_kit.bench", "allreduce_kit.compare"):
+        assert heavy not in modules, f"a plain training run imported {heavy}"
+
+
 def test_plot_without_matplotlib_says_how_to_get_it(tmp_path):
     fake = tmp_path / "matplotlib"
     fake.mkdir()

@@ -79,6 +79,21 @@ def test_digits_split_is_held_out():
     assert d.X_train.max() <= 1.0
 
 
+def test_digits_read_from_the_bundled_file_are_scikit_learns_digits():
+    from sklearn.datasets import load_digits
+
+    X, y = data.load_digits_arrays()
+    X_ref, y_ref = load_digits(return_X_y=True)
+    assert X.dtype == X_ref.dtype and y.dtype == y_ref.dtype
+    assert np.array_equal(X, X_ref) and np.array_equal(y, y_ref)
+
+
+@pytest.mark.parametrize("samples,ranks,batch,expected", [(1438, 2, 100000, 719), (1438, 2, 719, 719),
+                                                          (1438, 2, 32, 32), (1438, 3, 480, 479)])
+def test_a_batch_is_at_most_the_shard(samples, ranks, batch, expected):
+    assert data.shard_batch(samples, ranks, batch) == expected
+
+
 def test_linear_scaling_warms_up_from_base_to_p_times_base():
     assert learning_rate(0.1, 8, "linear", 10, 0) == pytest.approx(0.1)
     assert learning_rate(0.1, 8, "linear", 10, 5) == pytest.approx(0.45)

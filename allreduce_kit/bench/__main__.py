@@ -271,7 +271,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.kernel == "numpy":
         from . import numpy_kernels
         use_kernels(numpy_kernels)
-    kernels.warm_up([dtype])
+    kernels.warm_up([dtype], [args.op])
     lib = library_comm(comm)
     info = preamble(comm, args, threads, selection.source_for(lib))
     say(output.header())

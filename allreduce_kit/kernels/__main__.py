@@ -45,7 +45,7 @@ def main(argv=None) -> None:
     rng = np.random.default_rng(0)
     dst = rng.random(n).astype(dtype) if dtype.kind == "f" else rng.integers(0, 2, n).astype(dtype)
     src = dst.copy()
-    warm_up([dtype])
+    warm_up([dtype], ops)
     moved = 3 * dst.nbytes
     print(f"# {args.mib:g} MiB {dtype} per array, median of {args.repeat}, numba threads: {numba.get_num_threads()}")
     print(f"{'op':>5} {'implementation':<26} {'time(ms)':>9} {'GB/s':>7} {'vs numpy':>9}")

@@ -8,9 +8,10 @@ if __name__ == "__main__":  # abort-on-error and heavy yield, asked for before M
     prepare()
 
 import argparse  # noqa: E402
+import gc  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
-from typing import List, Optional  # noqa: E402
+from typing import List, Optional, Set  # noqa: E402
 
 from mpi4py import MPI  # noqa: E402
 
@@ -20,9 +21,9 @@ from ..algorithms import ALGORITHMS
 from ..cli import RankZeroParser, is_root, say, write_json
 from ..launch import check_launch
 from ..threads import limit_threads
-from . import report
+from . import checkpoint, report
 from .trainer import Config, NonFiniteError, ResumeError, Trainer
-# -- issue 7: --mode sync|async-ps; the async side lives in async_main.py, the shared summary in summary.py
+# --mode sync|async-ps: the async side lives in async_main.py, the summary both share in summary.py
 from . import async_main
 from .summary import build_summary, summary_lines
 
@@ -77,7 +78,9 @@ def build_parser() -> RankZeroParser:
     g = p.add_argument_group("training")
     g.add_argument("--epochs", type=_at_least(1), default=d.epochs, help="passes over the training set")
     g.add_argument("--batch-size", type=_at_least(1), default=d.batch_size,
-                   help="samples per rank per step (the global batch is P times this)")
+                   help="samples per rank per step (the global batch is P times this); a value larger "
+                        "than a rank's shard of the training set is lowered to the shard, and the "
+                        "header and the --json config show the batch used")
     g.add_argument("--lr", type=_at_least(0.0, float, strict=True), default=d.lr, help="base learning rate")
     g.add_argument("--lr-scaling", choices=("none", "linear"), default=d.lr_scaling,
                    help="linear: use lr x P, reached by a linear warm-up from lr (Goyal et al. 2017)")
@@ -114,7 +117,7 @@ def build_parser() -> RankZeroParser:
                    help="after training, time N averages of a gradient-sized buffer alone and compare")
     g = p.add_argument_group("output")
     g.add_argument("--progress", choices=("auto", "bar", "lines"), default="auto",
-                   help="auto: a tqdm bar on a terminal, plain per-epoch lines otherwise")
+                   help="auto: a tqdm bar on a terminal, plain per-epoch lines otherwise (async-ps: lines)")
     g.add_argument("--json", metavar="PATH", default=None, help="write config, per-epoch metrics and the report here")
     g.add_argument("--plot", metavar="PATH.png", default=None,
                    help="draw per-rank compute/transfer/wait bars and the step-time timeline (needs matplotlib)")
@@ -124,11 +127,11 @@ def build_parser() -> RankZeroParser:
                    help="save every N steps (0: only at the end), atomically")
     g.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in DIR")
     add_reliability_options(p)
-    async_main.add_arguments(p, _at_least)             # issue 7: --mode, --servers, --max-staleness, ...
+    async_main.add_arguments(p, _at_least)             # --mode, --servers, --max-staleness, ...
     return p
 
 
-# -- reliability (issue 6): options and their checks, kept together -----------------------------
+# -- reliability: options and their checks, kept together ----------------------------------------
 _rank_step = _rank_and(int, 1, "RANK:STEP such as 1:5 (rank >= 0, step >= 1)")
 
 
@@ -147,25 +150,6 @@ def add_reliability_options(p: RankZeroParser) -> None:
                    help="testing aid: put a NaN in RANK's gradient at STEP (1-based), before the allreduce")
 
 
-def _writable_directory_problem(flag: str, path: str) -> Optional[str]:
-    """Why ``path`` cannot be used (or created) as a directory to read and write, or None."""
-    path = os.path.abspath(path)
-    if os.path.exists(path):
-        if not os.path.isdir(path):
-            return f"argument {flag}: {path} exists and is not a directory"
-        if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
-            return f"argument {flag}: directory {path} is not readable and writable by this user"
-        return None
-    parent = os.path.dirname(path)
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        return f"argument {flag}: cannot create {path}: {parent} is not a directory"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"argument {flag}: cannot create {path}: {parent} is not writable by this user"
-    return None
-
-
 def _reliability_problems(args, ranks: int) -> Optional[str]:
     """Checks of the reliability options that need the rank count or the file system (rank 0's verdict)."""
     if args.inject_nan and args.inject_nan[0] >= ranks:
@@ -174,8 +158,9 @@ def _reliability_problems(args, ranks: int) -> Optional[str]:
     if args.checkpoint_dir is not None:
         if not args.checkpoint_dir:
             return "argument --checkpoint-dir: expected a directory, got an empty string"
-        if is_root():
-            return _writable_directory_problem("--checkpoint-dir", args.checkpoint_dir)
+        if is_root() and not (args.resume and not os.path.lexists(args.checkpoint_dir)):
+            problem = checkpoint.directory_problem(args.checkpoint_dir)   # --resume reports a missing one
+            return problem and f"argument --checkpoint-dir: {problem}"
     return None
 # -- end of the reliability block ---------------------------------------------------------------
 
@@ -214,6 +199,15 @@ def _yield_note() -> str:
     return run.heavy_yield_state()
 
 
+def given_options(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                  argv: Optional[List[str]] = None) -> Set[str]:
+    """The destinations of the options typed on ``argv`` (``args`` is its parse); defaults do not count."""
+    unset = object()
+    typed = argparse.Namespace(**{name: unset for name in vars(args)})
+    parser.parse_args(argv, namespace=typed)        # argparse fills only what is missing with defaults
+    return {name for name, value in vars(typed).items() if value is not unset}
+
+
 def config_from(args) -> Config:
     return Config(**{k: getattr(args, k) for k in Config.__dataclass_fields__})
 
@@ -223,7 +217,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
-    problem = comm.bcast(settings_problem() or _problems(args, comm.Get_size()) or _reliability_problems(args, comm.Get_size())
+    problem = comm.bcast(settings_problem() or async_main.other_mode_problem(args, given_options(parser, args, argv))
+                         or _problems(args, comm.Get_size()) or _reliability_problems(args, comm.Get_size())
                          or async_main.problems(args, comm.Get_size()), root=0)
     if problem:
         parser.error(problem)                          # rank 0 prints; every rank exits 2
@@ -231,13 +226,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         stall.set_stall_timeout(args.stall_timeout)
     threads = limit_threads(comm)
     config = config_from(args)
-    if args.mode == "async-ps":                        # issue 7: the parameter-server run
+    if args.mode == "async-ps":                        # the parameter-server run
         return async_main.main(args, config, threads, _yield_note(), comm)
     try:
         trainer = Trainer(config, comm)
     except ResumeError as error:
         say(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
+    # What is alive now (modules, numba's compiled kernels and type tables) lives until the
+    # process ends: taken out of the garbage collector's sight, it is not traversed again by
+    # the collections during the run and at exit (about 0.25 s of CPU per rank; docs/training.md).
+    gc.freeze()
+    config = trainer.config                          # --batch-size lowered to the shard, if it was larger
     ranks = trainer.ranks
     yield_state = os.environ.get(run.HEAVY_YIELD, "unset")
     yield_note = _yield_note()
@@ -247,7 +247,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"{d.classes} classes; {trainer.steps_per_epoch} steps per epoch on shards of {len(d.y_train) // ranks}")
     say(f"model: MLP {trainer.model.describe()}, {trainer.model.size:,} parameters, one {config.dtype} "
         f"gradient buffer of {trainer.model.grads.nbytes / 1e6:.2f} MB in {trainer.buckets} bucket(s); "
-        f"batch {config.batch_size}/rank ({config.batch_size * ranks} global), lr {config.lr}"
+        f"batch {config.batch_size}/rank ({config.batch_size * ranks} global"
+        + (f"; --batch-size {args.batch_size} is more than a rank's shard" if args.batch_size > config.batch_size else "")
+        + f"), lr {config.lr}"
         f"{' x ' + str(ranks) + ' (linear scaling)' if config.lr_scaling == 'linear' else ''}, "
         f"algorithm {config.algorithm}" + (f"; resumed at step {trainer.step}" if config.resume else ""))
     if trainer.step >= trainer.total_steps():
@@ -314,10 +316,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f" {alone['transfer_ms_p50']:.3f} ms (p10-p90 {alone['transfer_ms_p10']:.3f}-"
                 f"{alone['transfer_ms_p90']:.3f}), ratio {ratio:.3f}; in a bare compute-then-average loop"
                 f" {bare:.3f} ms, ratio {alone['bare_loop_ratio']:.3f}")
-        # issue 7: the summary both modes share (summary.py), printed and under "summary" in --json
+        # the summary both modes share (summary.py), printed and under "summary" in --json
         shared = build_summary("sync", ranks, ranks, result["epochs"], result["steps"])
         say(summary_lines(shared))
-        payload = {"config": {**config.as_dict(), "mode": "sync"}, "threads_per_rank": threads,
+        payload = {"config": {**config.as_dict(), "mode": "sync", "batch_size_requested": args.batch_size},
+                   "threads_per_rank": threads,
                    "heavy_yield": yield_state, "stall_timeout": stall.default_timeout_now(),
                    **result, "allreduce_alone": alone, "summary": shared}
         if args.json:

@@ -1,25 +1,34 @@
 """The ``--mode`` switch of ``python -m allreduce_kit.train`` and the async-ps run's command-line side.
 
 ``add_arguments`` adds ``--mode``, ``--servers``, ``--max-staleness``, ``--worker-timeout`` and
-``--inject-fault``; ``problems`` checks them against the job (rank 0's verdict is shared by the
+``--inject-fault``; ``other_mode_problem`` refuses an option of the other mode typed on the
+command line; ``problems`` checks the options against the job (rank 0's verdict is shared by the
 CLI); ``main`` runs ``async_ps.run`` and prints, on rank 0, the same epoch lines and summary as
 the synchronous trainer plus the staleness table and the shutdown line.
 """
 import argparse
+import dataclasses
+import gc
 import os
 import sys
-from typing import Any, Callable, Dict, Optional
+from typing import AbstractSet, Any, Callable, Dict, Optional
 
 from mpi4py import MPI
 
 from ..cli import RankZeroParser, is_root, say, write_json
 from . import report, staleness
 from .async_ps import Options, run
+from .data import shard_batch
 from .summary import summary_lines
 from .trainer import Config, load_data
 
 MODES = ("sync", "async-ps")
-ASYNC_ONLY = {"servers": 1, "max_staleness": None, "inject_fault": None}     # option: its default
+#: Options (argparse destinations) that only ``--mode async-ps`` uses ...
+ASYNC_ONLY = ("servers", "max_staleness", "worker_timeout", "inject_fault")
+#: ... and those that only ``--mode sync`` uses: the allreduce, its timing, resuming, the
+#: learning-rate schedule and the non-finite-gradient handling.
+SYNC_ONLY = ("lr_scaling", "warmup_epochs", "algorithm", "bucket_mb", "gather_every", "bench_allreduce",
+             "checkpoint_every", "resume", "on_nonfinite", "inject_nan")
 
 
 def _fault(text: str):
@@ -36,7 +45,10 @@ def _fault(text: str):
 
 def add_arguments(parser: RankZeroParser, at_least: Callable) -> None:
     """The mode switch and the asynchronous parameter server's options."""
-    g = parser.add_argument_group("mode: synchronous allreduce or asynchronous parameter server (docs/sync-vs-async.md)")
+    g = parser.add_argument_group(
+        "mode: synchronous allreduce or asynchronous parameter server (docs/sync-vs-async.md)",
+        "An option of the other mode is refused. Only with --mode sync: "
+        + ", ".join("--" + name.replace("_", "-") for name in SYNC_ONLY) + ".")
     g.add_argument("--mode", choices=MODES, default="sync",
                    help="sync: every step averages all ranks' gradients with allreduce; async-ps: ranks "
                         "0..K-1 are parameter servers, the others workers that pull, compute, push and go on")
@@ -52,12 +64,21 @@ def add_arguments(parser: RankZeroParser, at_least: Callable) -> None:
                    help="async-ps, for testing: worker RANK raises (crash) or stops talking (hang) after N gradients")
 
 
+def other_mode_problem(args, given: AbstractSet[str]) -> Optional[str]:
+    """An option of the other mode among those typed (``given``: argparse destinations), or None.
+
+    Only typed options count: every option has a default in both modes.
+    """
+    other, mode = (ASYNC_ONLY, "async-ps") if args.mode == "sync" else (SYNC_ONLY, "sync")
+    for name in other:
+        if name in given:
+            return f"argument --{name.replace('_', '-')}: only with --mode {mode}"
+    return None
+
+
 def problems(args, ranks: int) -> Optional[str]:
-    """Option errors of the mode switch (None when all is well)."""
+    """Option errors of the asynchronous mode that need the rank count (None when all is well)."""
     if args.mode == "sync":
-        for name, default in ASYNC_ONLY.items():
-            if getattr(args, name) != default:
-                return f"argument --{name.replace('_', '-')}: only with --mode async-ps"
         return None
     servers = args.servers
     if servers >= ranks:
@@ -67,10 +88,6 @@ def problems(args, ranks: int) -> Optional[str]:
     for flag, value in (("--straggler", args.straggler), ("--inject-fault", args.inject_fault)):
         if value and not servers <= value[0] < ranks:
             return f"argument {flag}: rank {value[0]} is not a worker; the workers are ranks {workers}"
-    for flag, bad in (("--resume", args.resume), ("--checkpoint-every", args.checkpoint_every),
-                      ("--bench-allreduce", args.bench_allreduce), ("--lr-scaling", args.lr_scaling != "none")):
-        if bad:
-            return f"argument {flag}: only with --mode sync"
     return None
 
 
@@ -81,23 +98,28 @@ def main(args, config: Config, threads: int, yield_note: str, comm: MPI.Intracom
                       worker_timeout=args.worker_timeout, fault=args.inject_fault)
     dataset = load_data(config)
     k = options.servers
+    # A gradient takes at most a worker's shard (a larger --batch-size would repeat samples in it).
+    config = dataclasses.replace(config, batch_size=shard_batch(len(dataset.y_train), ranks - k, config.batch_size))
     servers = "parameter server rank 0" if k == 1 else f"parameter servers ranks 0..{k - 1}"
     say(f"allreduce_kit.train --mode async-ps: {ranks} ranks; {servers}, workers ranks {k}..{ranks - 1}; "
         f"{threads} thread(s) per rank, {yield_note}")
     budget = config.epochs * ((len(dataset.y_train) // (ranks - k)) * (ranks - k))
     say(f"data: {dataset.name}, {len(dataset.y_train)} train / {len(dataset.y_test)} test samples; budget "
         f"{config.epochs} epoch(s) = {budget:,} samples" + (f" or {config.max_steps} gradients" if config.max_steps else "")
-        + f", {config.batch_size} per gradient")
+        + f", {config.batch_size} per gradient"
+        + (f" (--batch-size {args.batch_size} is more than a worker's shard)" if args.batch_size > config.batch_size else ""))
     bound = "unbounded" if options.max_staleness is None else f"at most {options.max_staleness} (older gradients rejected)"
     say(f"model: MLP hidden {','.join(map(str, config.hidden))} in {k} shard(s); server SGD lr {config.lr}, "
         f"momentum {config.momentum}, weight decay {config.weight_decay}; staleness {bound}")
     if config.straggler:
         say(f"injected straggler: worker rank {config.straggler[0]} +{config.straggler[1]:g} ms per gradient")
+    gc.freeze()                                  # as the synchronous CLI does: see its main
     result = run(config, options, comm, dataset, on_epoch=lambda e: say(report.epoch_line(e, config.epochs)))
     if not is_root():
         return 0
     print_report(result)
-    payload = {"config": {**config.as_dict(), "mode": "async-ps", **options.as_dict()}, "threads_per_rank": threads,
+    payload = {"config": {**config.as_dict(), "mode": "async-ps", "batch_size_requested": args.batch_size,
+                          **options.as_dict()}, "threads_per_rank": threads,
                "heavy_yield": os.environ.get("MPIR_CVAR_ENABLE_HEAVY_YIELD", "unset"), **result}
     if args.json:
         write_json(args.json, payload)

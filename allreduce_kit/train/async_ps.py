@@ -32,7 +32,7 @@ the job rather than wait forever.
 """
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 
 import numpy as np
@@ -72,12 +72,15 @@ class _Setup:
     """What servers and workers both know: the layout, the model (at rank 0's initial values), the data."""
 
     def __init__(self, config: Config, options: Options, comm: MPI.Intracomm, dataset: Optional[data.Dataset]):
-        self.config, self.options = config, options
+        self.options = options
         self.comm = comm
         self.rank, self.ranks = comm.Get_rank(), comm.Get_size()
         self.servers = options.servers
         self.workers = list(range(self.servers, self.ranks))
         self.data = dataset if dataset is not None else load_data(config)
+        # A gradient takes at most a worker's shard: a larger batch would repeat samples in it.
+        self.config = replace(config, batch_size=data.shard_batch(len(self.data.y_train), max(len(self.workers), 1),
+                                                                  config.batch_size))
         self.model = MLP(self.data.features, config.hidden, self.data.classes, dtype=config.dtype)
         # Every rank draws rank 0's initial values itself: the synchronous trainer's starting point.
         self.model.init(np.random.default_rng([config.seed, 4, 0]))

@@ -64,6 +64,54 @@ def checksum(arrays: Dict[str, np.ndarray], record: str) -> str:
     return h.hexdigest()
 
 
+def directory_problem(directory: str) -> Optional[str]:
+    """Why checkpoints cannot be written to ``directory``, found by trying; None if they can.
+
+    Creates ``directory`` (and any missing parents), creates, writes and removes a small file in
+    it and lists it, then removes the directories it created: the check leaves nothing behind.
+    The answer is about this process (rank 0 writes the checkpoints) and this moment.
+    """
+    path = os.path.abspath(directory)
+    missing: List[str] = []
+    existing = path
+    while not os.path.lexists(existing):
+        missing.append(existing)
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        if existing == path:
+            return f"{path} exists and is not a directory"
+        return f"cannot create {path}: {existing} is not a directory"
+    made: List[str] = []
+    try:
+        try:
+            for parent in reversed(missing):
+                os.mkdir(parent)
+                made.append(parent)
+        except OSError as error:
+            return f"cannot create {path}: {error.strerror or error}"
+        probe = os.path.join(path, f"{TMP_PREFIX}probe-{os.getpid()}")
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.write(fd, b"allreduce_kit checkpoint directory probe\n")
+            finally:
+                os.close(fd)
+                os.unlink(probe)
+        except OSError as error:
+            return f"cannot write a file in {path}: {error.strerror or error}"
+        try:
+            os.listdir(path)                   # saving lists it to keep the newest K
+        except OSError as error:
+            return f"cannot list {path}: {error.strerror or error}"
+        return None
+    finally:
+        for parent in reversed(made):
+            try:
+                os.rmdir(parent)
+            except OSError:
+                pass
+
+
 def _fsync_directory(directory: str) -> None:
     try:                                   # makes the rename itself durable
         fd = os.open(directory, os.O_RDONLY)

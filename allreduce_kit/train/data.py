@@ -1,5 +1,9 @@
 """The data: scikit-learn's bundled digits, or a synthetic problem of any size; and the shards.
 
+The digits are read straight from the compressed CSV file that scikit-learn ships, without
+importing scikit-learn (whose import, through scipy, costs each rank about a second of CPU);
+the result is the same as ``sklearn.datasets.load_digits``.
+
 Sharding (``epoch_batches``): every epoch all ranks draw the same permutation of the training
 set from ``(seed, epoch)``, drop its last ``N mod p`` entries (fewer than p samples, a different
 few each epoch, so none is left out for good), and rank r takes every p-th entry starting at r.
@@ -9,7 +13,10 @@ of an epoch may be shorter than ``--batch-size``, equally short on every rank. T
 entry also makes the p ranks' batches of step t together exactly the batch of step t of one
 rank with batch p*b, which is what the equivalence test relies on.
 """
-from typing import List, NamedTuple
+import gzip
+import importlib.util
+import os
+from typing import List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -34,11 +41,31 @@ def _split(X: np.ndarray, y: np.ndarray, test_fraction: float, seed: int):
     return X[train], y[train], X[test], y[test]
 
 
+def _bundled_digits_file() -> Optional[str]:
+    """The path of scikit-learn's ``datasets/data/digits.csv.gz``, found without importing it; or None."""
+    spec = importlib.util.find_spec("sklearn")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(root, "datasets", "data", "digits.csv.gz")
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def load_digits_arrays() -> Tuple[np.ndarray, np.ndarray]:
+    """The 1797 digits as ``load_digits(return_X_y=True)`` gives them: pixels 0..16 (float64), labels."""
+    path = _bundled_digits_file()
+    if path is None:                      # a scikit-learn that keeps the file elsewhere
+        from sklearn.datasets import load_digits
+
+        return load_digits(return_X_y=True)
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        table = np.loadtxt(f, delimiter=",")
+    return table[:, :-1], table[:, -1].astype(int)
+
+
 def digits(test_fraction: float = 0.2, seed: int = 0, dtype=np.float32) -> Dataset:
     """scikit-learn's 1797 8x8 handwritten digits (bundled, no download), pixels scaled to [0, 1]."""
-    from sklearn.datasets import load_digits
-
-    X, y = load_digits(return_X_y=True)
+    X, y = load_digits_arrays()
     X = (X / 16.0).astype(dtype)
     return Dataset("digits", *_split(X, y.astype(np.int64), test_fraction, seed), classes=10)
 
@@ -57,6 +84,11 @@ def synthetic(samples: int, features: int, classes: int, test_fraction: float = 
     B = rng.standard_normal((hidden, classes), dtype=np.float32)
     y = np.argmax(np.tanh(X @ A) @ B, axis=1).astype(np.int64)
     return Dataset("synthetic", *_split(X, y, test_fraction, seed), classes=classes)
+
+
+def shard_batch(samples: int, ranks: int, batch: int) -> int:
+    """The batch a rank can take: ``batch``, or its whole shard of ``samples // ranks`` if that is smaller."""
+    return max(1, min(batch, samples // ranks))
 
 
 def steps_per_epoch(samples: int, ranks: int, batch: int) -> int:

@@ -7,7 +7,7 @@ so the replicas stay bitwise identical. The trainer never chooses or knows the a
 """
 import hashlib
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -26,7 +26,7 @@ from .timing import StepTimer, analyse, pause
 class Config:
     """Everything a run depends on (the CLI's options; defaults are the CLI's defaults)."""
     epochs: int = 40
-    batch_size: int = 32
+    batch_size: int = 32                              # per rank; the Trainer lowers it to a rank's shard
     lr: float = 0.05
     momentum: float = 0.9
     weight_decay: float = 1e-4
@@ -94,10 +94,12 @@ class Trainer:
 
     def __init__(self, config: Config, comm: Optional[MPI.Intracomm] = None,
                  dataset: Optional[data.Dataset] = None):
-        self.config = config
         self.comm = (comm or MPI.COMM_WORLD).Dup()       # the trainer's own few messages
         self.rank, self.ranks = self.comm.Get_rank(), self.comm.Get_size()
         self.data = dataset if dataset is not None else load_data(config)
+        #: The run's configuration, with ``batch_size`` lowered to a rank's shard if it was larger.
+        self.config = config = replace(config, batch_size=data.shard_batch(len(self.data.y_train), self.ranks,
+                                                                           config.batch_size))
         self.model = MLP(self.data.features, config.hidden, self.data.classes, dtype=config.dtype)
         # Every rank draws different initial values; the broadcast makes rank 0's everyone's.
         self.model.init(np.random.default_rng([config.seed, 4, self.rank]))
@@ -297,7 +299,8 @@ class Trainer:
                 return (f"{path} holds {name} of shape {None if got is None else got.shape}, this model needs "
                         f"{expected.shape} {expected.dtype}")
         # A step count is a position in the data order, which is sharded by rank count and batch size.
-        if meta["ranks"] != self.ranks or meta["batch_size"] != self.config.batch_size:
+        shard = len(self.data.y_train) // self.ranks
+        if meta["ranks"] != self.ranks or min(meta["batch_size"], shard) != self.config.batch_size:
             return (f"{path} was written by a job of {meta['ranks']} ranks with --batch-size {meta['batch_size']}; "
                     f"this job has {self.ranks} ranks with --batch-size {self.config.batch_size}, and its step "
                     f"{meta['step']} would mean other samples (resume with the same rank count and batch size)")
