@@ -13,6 +13,9 @@ Two ways to move the segments, the same steps and the same bits either way:
   the neighbour's counter says it has finished the step before (``_direct``);
 - otherwise by messages, ``Sendrecv`` to the right and from the left; large reduce-scatter
   steps go in cache-sized pieces when every rank has a core (``pieces.py``).
+
+Either way a buffer whose length or dtype differs between ranks raises ``ValueError`` on every
+rank (``signature.py``).
 """
 from functools import lru_cache
 
@@ -21,6 +24,7 @@ from numba import njit
 
 from . import direct, pieces, register
 from ..kernels import reduce as _loops
+from .signature import BAD, mismatch, sendrecv, tag as signature
 
 TAG = 103
 
@@ -50,7 +54,8 @@ def segment_pieces(buf: np.ndarray, comm) -> int:
 
 @njit(cache=True, nogil=True)
 def _direct(buf, bounds, state, piece, iov, code, divisor):
-    """The ring with direct reads (``direct.py``); 0, or -1 if a read failed.
+    """The ring with direct reads (``direct.py``); 0, -1 if a read failed, -2 if the ranks'
+    buffers differ (found before any read).
 
     Counters, from ``first``: rank r has finished reduce-scatter step k at ``first + k + 1`` and
     allgather step k at ``first + p + k``. Rank r reads only from its left neighbour, and only
@@ -60,8 +65,9 @@ def _direct(buf, bounds, state, piece, iov, code, divisor):
     """
     rank, size = state[0], state[1]
     right, left = (rank + 1) % size, (rank - 1 + size) % size
-    first = direct.begin(state, buf.ctypes.data)
-    direct.wait_for(state, left, first)
+    first = direct.begin(state, buf, TAG)
+    if first < 0:
+        return -2
     theirs = direct.address_of(state, left)
     isz = buf.itemsize
     for k in range(size - 1):  # reduce-scatter
@@ -92,10 +98,13 @@ def allreduce(comm, buf, op):
     right, left = (rank + 1) % p, (rank - 1) % p
     seg = segments(buf, p)
     parts = segment_pieces(buf, comm)
+    tag = signature(buf, TAG)
 
     for k in range(p - 1):  # reduce-scatter
-        pieces.sendrecv_combine(comm, seg[(rank - k) % p], right, seg[(rank - k - 1) % p], left, TAG, op,
-                                k == p - 2, parts)
+        tag = pieces.sendrecv_combine(comm, seg[(rank - k) % p], right, seg[(rank - k - 1) % p], left, tag, op,
+                                      k == p - 2, parts)
 
     for k in range(p - 1):  # allgather
-        comm.Sendrecv(seg[(rank + 1 - k) % p], right, TAG, seg[(rank - k) % p], left, TAG)
+        tag = sendrecv(comm, seg[(rank + 1 - k) % p], right, seg[(rank - k) % p], left, tag)
+    if tag & BAD:
+        raise mismatch(comm, buf, "ring")
