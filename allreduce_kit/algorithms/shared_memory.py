@@ -80,7 +80,7 @@ def _allreduce(buf, slots, state, code, divisor):
     scatter_from = state[5]
     per_slot = state[6] // buf.itemsize
     n = buf.size
-    mine = word(buf, TAG)
+    signed = word(buf, TAG)
     start = 0
     while start < n:
         stop = min(start + per_slot, n)
@@ -89,23 +89,23 @@ def _allreduce(buf, slots, state, code, divisor):
         base = (gen & 1) * size * per_slot
         _loops.copy(slots[base + rank * per_slot:base + rank * per_slot + m], buf[start:stop])
         if start == 0:
-            store_release(flags + _LINE * 2 * rank + 8 + 8 * (gen & 1), mine)
+            store_release(flags + _LINE * 2 * rank + 8 + 8 * (gen & 1), signed)
         store_release(flags + _LINE * 2 * rank, gen)
         _wait_all(flags, 0, size, gen, yield_fn)
         if start == 0:
             same = True
             for k in range(size):
-                same &= load_acquire(flags + _LINE * 2 * k + 8 + 8 * (gen & 1)) == mine
+                same &= load_acquire(flags + _LINE * 2 * k + 8 + 8 * (gen & 1)) == signed
             if not same:
                 state[4] = gen
                 return -1
         if m * buf.itemsize >= scatter_from:
             a, b = rank * m // size, (rank + 1) * m // size
-            part = slots[base + a:base + b]
+            mine = slots[base + a:base + b]
             for k in range(1, size):
-                _loops.combine(part, slots[base + k * per_slot + a:base + k * per_slot + b], code)
+                _loops.combine(mine, slots[base + k * per_slot + a:base + k * per_slot + b], code)
             if divisor != 0:
-                _loops.divide(part, divisor)
+                _loops.divide(mine, divisor)
             store_release(flags + _LINE * (2 * rank + 1), gen)
             _wait_all(flags, 1, size, gen, yield_fn)
             _loops.copy(buf[start:stop], slots[base:base + m])
