@@ -16,6 +16,12 @@ here, from compiled code, an algorithm step can
   cores); an algorithm never overwrites a range, in its own buffer or (``push``) in a peer's,
   while a rank may still read what was there.
 
+Beside the address each rank publishes its buffer's length and dtype and the algorithm
+(``signature.word``), and ``begin`` compares every peer's with its own before any peer's memory
+is touched: if the ranks' buffers differ, every rank raises the same ``ValueError`` instead of
+reading or writing past a peer's buffer. The cost on a well-formed call is a store and, per
+peer, a wait for it to have started the call and a load.
+
 Available when every rank of the communicator is on one node and each can read the others'
 memory, which is checked once per communicator, collectively: each rank reads a random token
 from every other and compares it with the token sent by message, and writes one into every
@@ -26,6 +32,8 @@ messages; ``ALLREDUCE_KIT_DIRECT=0`` makes them keep to messages anyway.
 State passed to the compiled helpers (``Peers.state``): this rank, the rank count, the window's
 address, ``sched_yield``'s address (0: spin without yielding), ``process_vm_readv``'s address,
 the number of the current call (advanced by ``begin``), and ``process_vm_writev``'s address.
+Window layout, per rank: a cache line holding its counter, then one holding its pid, its
+buffer's address and its ``signature.word``.
 """
 import ctypes
 import os
@@ -39,6 +47,7 @@ from numba.extending import intrinsic
 
 from .. import config
 from ..kernels import reduce as _loops
+from .signature import mismatch, word
 from .spin import NodeWindow, load_acquire, node_of, store_release, wait_until
 
 #: Set to ``0`` to keep ``ring``, ``rabenseifner`` and ``two_shot`` to messages even where direct reads work.
@@ -46,7 +55,7 @@ ENV = config.DIRECT.name
 #: Bytes read per piece when folding a peer's range in: a quarter of this machine's 1 MiB L2,
 #: so that the piece and the range it folds into both stay in cache (docs/performance.md).
 PIECE_BYTES = 256 << 10
-#: Each rank's progress counter, and its pid and buffer address, have a cache line each.
+#: Each rank's progress counter, and its pid, buffer address and signature, have a cache line each.
 _LINE = 64
 #: Steps a call may count: the counters of call g run from g << _STEP_BITS upward.
 _STEP_BITS = 24
@@ -69,13 +78,30 @@ def _process_vm_call(typingctx, function, pid, local, remote):
 
 
 @njit(cache=True, nogil=True)
-def begin(state, address):
-    """Start a call: publish this rank's buffer ``address``; return the call's first counter value."""
+def begin(state, buf, algorithm):
+    """Start a call: publish ``buf``'s address and ``signature.word(buf, algorithm)``, then wait
+    until every peer has published its own for this call and compare. Returns the call's first
+    counter value, or -1 if some rank's word differs from this one's (every rank then returns -1
+    here, having touched no peer's memory; ``run`` raises).
+
+    A peer's word read here is this call's: the peer wrote it before raising its counter to the
+    call's first value, and will not write the next one before every rank has passed this point
+    (a call ends on no rank before every rank has raised its counter past ``first``, and a
+    failed one ends in ``signature.mismatch``, collectively).
+    """
+    rank, size, base = state[0], state[1], state[2]
     state[5] += 1
     first = state[5] << _STEP_BITS
-    store_release(state[2] + _LINE * (2 * state[0] + 1) + 8, address)
-    store_release(state[2] + _LINE * 2 * state[0], first)
-    return first
+    mine = word(buf, algorithm)
+    store_release(base + _LINE * (2 * rank + 1) + 8, buf.ctypes.data)
+    store_release(base + _LINE * (2 * rank + 1) + 16, mine)
+    store_release(base + _LINE * 2 * rank, first)
+    same = True
+    for k in range(1, size):
+        peer = (rank + k) % size
+        wait_until(base + _LINE * 2 * peer, first, state[3])
+        same &= load_acquire(base + _LINE * (2 * peer + 1) + 16) == mine
+    return first if same else -1
 
 
 @njit(cache=True, nogil=True)
@@ -196,13 +222,17 @@ def peers_for(comm) -> Optional[Peers]:
 
 
 def run(loop, comm, buf: np.ndarray, op, bounds: np.ndarray, name: str) -> bool:
-    """Run an algorithm's compiled ``loop(buf, bounds, state, piece, iov, code, divisor)`` (0, or
-    -1 if a transfer failed) with direct transfers; ``False`` where ``comm`` has none, or ``op``
-    has no compiled kernel, and the algorithm must send messages instead."""
+    """Run an algorithm's compiled ``loop(buf, bounds, state, piece, iov, code, divisor)`` (0; -1
+    if a transfer failed; -2 if ``begin`` found the ranks' buffers differ) with direct transfers;
+    ``False`` where ``comm`` has none, or ``op`` has no compiled kernel, and the algorithm must
+    send messages instead."""
     peers = peers_for(comm)
     if peers is None or op.code is None:
         return False
-    if loop(buf, bounds, peers.state, peers.piece(buf.dtype), peers.iov, op.code, op.divisor) != 0:
+    done = loop(buf, bounds, peers.state, peers.piece(buf.dtype), peers.iov, op.code, op.divisor)
+    if done == -2:
+        raise mismatch(comm, buf, name)
+    if done != 0:
         raise RuntimeError(f"allreduce(algorithm={name!r}): reading or writing a peer's buffer "
                            f"(process_vm_readv/writev) failed on rank {comm.myrank}; set {ENV}=0 to use messages")
     return True

@@ -6,13 +6,14 @@ the even rank sits out. The ``pof2`` ranks left (odd ranks below ``2 rem``, and 
 ``2 rem`` up) run a power-of-two algorithm under new ranks ``0 .. pof2-1``; afterwards each odd
 rank hands the result back to its even partner. Cost: one extra transfer and reduction of the
 whole buffer before, and one transfer after (Thakur, Rabenseifner & Gropp 2005, section 4).
+The messages carry the call's tag (``signature.py``), like every other step's.
 """
 from functools import lru_cache
 from typing import NamedTuple
 
 from numba import njit
 
-TAG = 110
+from .signature import recv, send
 
 
 @njit(cache=True, nogil=True)
@@ -59,26 +60,28 @@ def fold_of(comm) -> Fold:
     return found if found is not None else comm.attach(Fold, lambda c: plan(c.nranks, c.myrank))
 
 
-def fold_in(comm, buf, op, fold: Fold) -> None:
+def fold_in(comm, buf, op, fold: Fold, tag: int) -> int:
     """Before: the even ranks below ``2 rem`` hand their buffers to the odd rank above.
 
+    ``tag``: the call's (``signature.tag``); returned, with ``BAD`` if the partner's differs.
     Callers may skip the call when ``fold.rem`` is 0 (a power of two: nothing to fold).
     """
     if fold.rank >= 2 * fold.rem:
-        return
+        return tag
     if fold.newrank < 0:
-        comm.Send(buf, dest=fold.rank + 1, tag=TAG)
-    else:
-        incoming = comm.scratch(buf.size, buf.dtype)
-        comm.Recv(incoming, source=fold.rank - 1, tag=TAG)
-        op.combine(buf, incoming)  # only this rank computes these bits; the partner copies them
+        send(comm, buf, fold.rank + 1, tag)
+        return tag
+    incoming = comm.scratch(buf.size, buf.dtype)
+    tag = recv(comm, incoming, fold.rank - 1, tag)
+    op.combine(buf, incoming)  # only this rank computes these bits; the partner copies them
+    return tag
 
 
-def fold_out(comm, buf, fold: Fold) -> None:
+def fold_out(comm, buf, fold: Fold, tag: int) -> int:
     """After: each odd rank below ``2 rem`` sends the finished result to its even partner."""
     if fold.rank >= 2 * fold.rem:
-        return
+        return tag
     if fold.newrank < 0:
-        comm.Recv(buf, source=fold.rank + 1, tag=TAG)
-    else:
-        comm.Send(buf, dest=fold.rank - 1, tag=TAG)
+        return recv(comm, buf, fold.rank + 1, tag)
+    send(comm, buf, fold.rank - 1, tag)
+    return tag

@@ -3,6 +3,7 @@
 Rank 0 does all p-1 reductions and 2(p-1) transfers of the whole buffer: the baseline.
 """
 from . import register
+from .signature import BAD, mismatch, recv, send, tag as signature
 
 TAG = 101
 
@@ -10,13 +11,16 @@ TAG = 101
 @register("naive")
 def allreduce(comm, buf, op):
     p, rank = comm.nranks, comm.myrank
+    tag = signature(buf, TAG)
     if rank != 0:
-        comm.Send(buf, dest=0, tag=TAG)
-        comm.Recv(buf, source=0, tag=TAG)
-        return
-    incoming = comm.scratch(buf.size, buf.dtype)
-    for src in range(1, p):
-        comm.Recv(incoming, source=src, tag=TAG)
-        op.combine(buf, incoming, last=(src == p - 1))
-    for dst in range(1, p):
-        comm.Send(buf, dest=dst, tag=TAG)
+        send(comm, buf, 0, tag)
+        tag = recv(comm, buf, 0, tag)
+    else:
+        incoming = comm.scratch(buf.size, buf.dtype)
+        for src in range(1, p):
+            tag = recv(comm, incoming, src, tag)
+            op.combine(buf, incoming, last=(src == p - 1))
+        for dst in range(1, p):
+            send(comm, buf, dst, tag)
+    if tag & BAD:
+        raise mismatch(comm, buf, "naive")

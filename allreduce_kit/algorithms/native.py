@@ -11,9 +11,11 @@ exchange and combine, against 2.5 us for mpi4py's ``Sendrecv`` alone.
 Portable across MPI libraries: the function pointer comes from the library mpi4py is linked
 to, and the handles are passed with the width that library gives them (``int`` in MPICH and
 its derivatives, a pointer in Open MPI and the MPI ABI), which is part of the compiled
-function's signature, so a cache compiled against one library is never used with another. If
-the symbol cannot be found, ``exchange_for`` returns ``None`` and the caller takes its Python
-path (mpi4py's ``Sendrecv``), which gives bitwise the same result (tested).
+function's signature, so a cache compiled against one library is never used with another. The
+received tag (``signature.py``) is read from the status buffer at the offset this library
+gives ``MPI_TAG``, found at import by setting a tag on an ``MPI.Status`` and looking for it. If
+the symbol or the offset cannot be found, ``exchange_for`` returns ``None`` and the caller takes
+its Python path (mpi4py's ``Sendrecv``), which gives bitwise the same result (tested).
 """
 import ctypes
 from typing import Optional, Sequence
@@ -21,11 +23,10 @@ from typing import Optional, Sequence
 import numpy as np
 from llvmlite import ir
 from mpi4py import MPI
-from mpi4py.util.dtlib import from_numpy_dtype
 from numba import njit, types
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic
 
-from ..kernels import DTYPES, reduce as _loops
+from ..kernels import reduce as _loops
 
 #: Buffers up to this many bytes take the compiled path; it allocates its receive buffer on
 #: every call, which is cheap only while small. Above it, per-call costs no longer matter.
@@ -33,14 +34,14 @@ MAX_BYTES = 64 << 10
 
 
 @intrinsic
-def _sendrecv(typingctx, fn, sendbuf, recvbuf, count, datatype, peer, tag, comm, status):
-    """``MPI_Sendrecv(sendbuf, count, datatype, peer, tag, recvbuf, count, datatype, peer, tag,
-    comm, status)`` through the function at address ``fn``; addresses are integers, and the
-    handles have the width of their numba type (the MPI library's handle width)."""
-    sig = types.int32(fn, sendbuf, recvbuf, count, datatype, peer, tag, comm, status)
+def _sendrecv(typingctx, fn, sendbuf, recvbuf, count, datatype, peer, sendtag, recvtag, comm, status):
+    """``MPI_Sendrecv(sendbuf, count, datatype, peer, sendtag, recvbuf, count, datatype, peer,
+    recvtag, comm, status)`` through the function at address ``fn``; addresses are integers, and
+    the handles have the width of their numba type (the MPI library's handle width)."""
+    sig = types.int32(fn, sendbuf, recvbuf, count, datatype, peer, sendtag, recvtag, comm, status)
 
     def codegen(context, builder, signature, args):
-        fn_, send, recv, count_, datatype_, peer_, tag_, comm_, status_ = args
+        fn_, send, recv, count_, datatype_, peer_, sendtag_, recvtag_, comm_, status_ = args
         i32, ptr = ir.IntType(32), ir.IntType(8).as_pointer()
         argtypes = signature.args
 
@@ -50,46 +51,45 @@ def _sendrecv(typingctx, fn, sendbuf, recvbuf, count, datatype, peer, tag, comm,
         def pointer(value):
             return builder.inttoptr(value, ptr)
 
-        handle, comm_type = context.get_value_type(argtypes[4]), context.get_value_type(argtypes[7])
+        handle, comm_type = context.get_value_type(argtypes[4]), context.get_value_type(argtypes[8])
         fnty = ir.FunctionType(i32, [ptr, i32, handle, i32, i32, ptr, i32, handle, i32, i32, comm_type, ptr])
         target = builder.inttoptr(fn_, fnty.as_pointer())
-        n, peer32, tag32 = int32(count_, argtypes[3]), int32(peer_, argtypes[5]), int32(tag_, argtypes[6])
-        return builder.call(target, [pointer(send), n, datatype_, peer32, tag32,
-                                     pointer(recv), n, datatype_, peer32, tag32, comm_, pointer(status_)])
+        n, peer32 = int32(count_, argtypes[3]), int32(peer_, argtypes[5])
+        sendtag32, recvtag32 = int32(sendtag_, argtypes[6]), int32(recvtag_, argtypes[7])
+        return builder.call(target, [pointer(send), n, datatype_, peer32, sendtag32,
+                                     pointer(recv), n, datatype_, peer32, recvtag32, comm_, pointer(status_)])
 
     return sig, codegen
 
 
-def _slot(buf):
-    """The index of ``buf``'s dtype in ``kernels.DTYPES``, a constant of each compiled version."""
-
-
-@overload(_slot)
-def _slot_of(buf):
-    slot = [np.dtype(d) for d in DTYPES].index(np.dtype(buf.dtype.name))
-    return lambda buf: slot
-
-
 @njit(cache=True, nogil=True)
-def exchange(buf, state, handles, code, divisor):
-    """For each partner in ``state[3:]``: swap ``buf`` with it, then ``buf = buf op partner's``
-    (``op`` is ``code``, see ``kernels.OP_CODES``); then divide by ``divisor`` unless it is 0.
+def exchange(buf, state, handles, tag, code, divisor):
+    """For each partner in turn: swap ``buf`` with it, then ``buf = buf op partner's`` (``op`` is
+    ``code``, see ``kernels.OP_CODES``); then divide by ``divisor`` unless it is 0. ``tag``: the
+    call's (``signature.tag``), sent with every message and expected on every message received.
 
-    ``state[:3]`` is the ``MPI_Sendrecv`` address, the tag and a status buffer's address;
-    ``handles`` the communicator, then the MPI datatype of each of ``kernels.DTYPES``. Returns 0,
-    or the first nonzero MPI error code (the remaining partners are skipped).
+    ``state``: the ``MPI_Sendrecv`` address, ``MPI_ANY_TAG``, the index of ``MPI_TAG`` in an
+    ``MPI_Status`` viewed as int32, room for an MPI error code, the number of partners n, the n
+    partners, then room for an ``MPI_Status`` (``Exchange``). ``handles``: the communicator and
+    ``MPI_BYTE`` (messages go as bytes, see ``signature.py``). Returns the number of exchanges
+    done: n; or k < n if the exchange with partner k failed (its MPI error code, nonzero, is left in
+    ``state[3]``) or received a tag other than ``tag`` (the ranks' calls differ), before
+    folding that partner's copy in: the caller takes over from there.
     """
     incoming = np.empty_like(buf)
-    fn, tag, status = state[0], state[1], state[2]
-    send, recv, n, datatype = buf.ctypes.data, incoming.ctypes.data, buf.size, handles[1 + _slot(buf)]
-    for k in range(3, state.size):
-        err = _sendrecv(fn, send, recv, n, datatype, state[k], tag, handles[0], status)
-        if err != 0:
-            return err
+    fn, any_tag, where, n = state[0], state[1], state[2], state[4]
+    status = state[5 + n:]
+    received = status.view(np.int32)
+    send, recv, count, datatype = buf.ctypes.data, incoming.ctypes.data, buf.size * buf.itemsize, handles[1]
+    for k in range(n):
+        err = _sendrecv(fn, send, recv, count, datatype, state[5 + k], tag, any_tag, handles[0], status.ctypes.data)
+        if err != 0 or received[where] != tag:
+            state[3] = err
+            return k
         _loops.combine(buf, incoming, code)
     if divisor != 0:
         _loops.divide(buf, divisor)
-    return 0
+    return n
 
 
 def _address_of_sendrecv() -> Optional[int]:
@@ -102,29 +102,49 @@ def _address_of_sendrecv() -> Optional[int]:
     return ctypes.cast(found, ctypes.c_void_p).value
 
 
+def _tag_index() -> int:
+    """Where ``MPI_TAG`` sits in this MPI library's ``MPI_Status``, in int32 units (-1: not found)."""
+    status = MPI.Status()
+    status.source, status.tag, status.error = 0x1A2B3C, 0x2B3C4D, 0
+    words = (ctypes.c_int32 * (MPI._sizeof(MPI.Status) // 4)).from_address(MPI._addressof(status))
+    fields = np.ctypeslib.as_array(words)
+    found = np.flatnonzero(fields == 0x2B3C4D)
+    return int(found[0]) if found.size == 1 else -1
+
+
 _SENDRECV = _address_of_sendrecv()
+_TAG_INDEX = _tag_index()
 _HANDLE_BYTES = MPI._sizeof(MPI.Comm)
 _HANDLE_DTYPE = {4: np.int32, 8: np.int64}.get(_HANDLE_BYTES) if MPI._sizeof(MPI.Datatype) == _HANDLE_BYTES else None
 #: The compiled path can be used with this MPI library.
-AVAILABLE = _SENDRECV is not None and _HANDLE_DTYPE is not None
+AVAILABLE = _SENDRECV is not None and _HANDLE_DTYPE is not None and _TAG_INDEX >= 0
 
 
 class Exchange:
     """``exchange``'s ``state`` and ``handles`` for one communicator and list of partners; call
-    ``exchange(buf, x.state, x.handles, op.code, op.divisor)`` with a ``Reduction`` ``op``."""
+    ``exchange(buf, x.state, x.handles, tag, op.code, op.divisor)`` with a ``Reduction`` ``op``."""
 
-    __slots__ = ("state", "handles", "status")
+    __slots__ = ("state", "handles")
 
-    def __init__(self, comm: MPI.Intracomm, partners: Sequence[int], tag: int):
-        self.status = np.zeros(MPI._sizeof(MPI.Status) // 8 + 1, np.int64)
-        self.state = np.array([_SENDRECV, tag, self.status.ctypes.data, *partners], np.int64)
+    def __init__(self, comm: MPI.Intracomm, partners: Sequence[int]):
+        status_words = MPI._sizeof(MPI.Status) // 8 + 1
+        self.state = np.array([_SENDRECV, MPI.ANY_TAG, _TAG_INDEX, 0, len(partners), *partners] + [0] * status_words,
+                              np.int64)
         # ``_handleof`` gives a handle's bits as an unsigned integer; the C type may be signed.
         signed = ctypes.c_int32 if _HANDLE_BYTES == 4 else ctypes.c_int64
-        handles = [comm] + [from_numpy_dtype(dtype) for dtype in DTYPES]
+        handles = [comm, MPI.BYTE]
         self.handles = np.array([signed(MPI._handleof(h)).value for h in handles], _HANDLE_DTYPE)
 
+    def error(self) -> int:
+        """The MPI error code of the exchange ``exchange`` stopped at (0 if it only saw a tag)."""
+        return int(self.state[3])
 
-def exchange_for(comm, partners: Sequence[int], tag: int) -> Optional[Exchange]:
+    def received(self) -> int:
+        """The tag of the message received last."""
+        return int(self.state[5 + self.state[4]:].view(np.int32)[_TAG_INDEX])
+
+
+def exchange_for(comm, partners: Sequence[int]) -> Optional[Exchange]:
     """An ``Exchange`` over ``partners``, or ``None`` if this MPI library's ``MPI_Sendrecv`` cannot
     be called from compiled code."""
-    return Exchange(comm, partners, tag) if AVAILABLE else None
+    return Exchange(comm, partners) if AVAILABLE else None

@@ -26,6 +26,8 @@ messages cannot. Driving the same steps from Python through a common transport w
 Python round trip per step and per piece, which at mid sizes is a large share of the call.
 The two forms take the same steps and folds in the same order, and a test checks that they
 give bitwise the same result (``tests/mpi/test_allreduce.py``).
+Either way a buffer whose length or dtype differs between ranks raises ``ValueError`` on every
+rank (``signature.py``).
 """
 from functools import lru_cache
 
@@ -35,6 +37,7 @@ from . import direct, pieces, register
 from ..kernels import reduce as _loops
 from .fold import fold_in, fold_out, fold_of, real_rank
 from .segments import bounds_array, segment_bounds
+from .signature import BAD, mismatch, sendrecv, tag as signature
 
 TAG = 105
 
@@ -46,13 +49,15 @@ def _bounds(n: int, pof2: int) -> tuple:
 
 @njit(cache=True, nogil=True)
 def _direct(buf, bounds, state, piece, iov, code, divisor):
-    """Rabenseifner with direct reads (``direct.py``), the fold included; 0, or -1 if a read failed.
+    """Rabenseifner with direct reads (``direct.py``), the fold included; 0, -1 if a read failed,
+    -2 if the ranks' buffers differ (found before any read).
 
     Every step reads the partner's copy of the range this rank keeps (or, in the allgather, the
     partner's finished range) out of the partner's buffer, in the steps and fold order of the
     message version. Counters, from ``first``: a rank has folded its even partner in (or had
-    none to fold) at ``first + 1``, finished reduce-scatter step i at ``first + 2 + i`` and
-    allgather step j at ``first + 2 + L + j`` (L = lg pof2), and is done at ``first + 2 + 2L``.
+    none to fold; or, sitting out, has passed ``direct.begin``) at ``first + 1``, finished
+    reduce-scatter step i at ``first + 2 + i`` and allgather step j at ``first + 2 + L + j``
+    (L = lg pof2), and is done at ``first + 2 + 2L``.
     A read waits for the partner to have finished the step before, so it sees that step's
     result; nothing is overwritten while someone may still read it: the range a rank hands its
     partner in a reduce-scatter step is left alone until the allgather step with the same
@@ -65,18 +70,21 @@ def _direct(buf, bounds, state, piece, iov, code, divisor):
     rem, levels = size - pof2, 0
     while (1 << levels) < pof2:
         levels += 1
-    first = direct.begin(state, buf.ctypes.data)
+    first = direct.begin(state, buf, TAG)
+    if first < 0:
+        return -2
     done = first + 2 + 2 * levels
     isz = buf.itemsize
     if rank < 2 * rem and rank % 2 == 0:  # sits out: hand over the buffer, take the result back
         partner = rank + 1
+        direct.finish(state, first + 1)  # past ``begin``: the partner may read the buffer
         direct.wait_for(state, partner, done - 1)
         if direct.pull(state, partner, buf, direct.address_of(state, partner), iov) != 0:
             return -1
     else:
         me = rank // 2 if rank < 2 * rem else rank - rem
         if rank < 2 * rem:  # fold the even partner's buffer in
-            direct.wait_for(state, rank - 1, first)
+            direct.wait_for(state, rank - 1, first + 1)
             if direct.pull_combine(state, rank - 1, buf, direct.address_of(state, rank - 1), piece, iov, code) != 0:
                 return -1
         direct.finish(state, first + 1)
@@ -117,12 +125,14 @@ def _direct(buf, bounds, state, piece, iov, code, divisor):
 
 
 @register("rabenseifner")
-def allreduce(comm, buf, op):
+def allreduce(comm, buf, op, name: str = "rabenseifner"):
+    """``name``: the algorithm the caller asked for, for the error if the ranks' buffers differ."""
     fold = fold_of(comm)
     if direct.run(_direct, comm, buf, op, bounds_array(buf.size, fold.pof2), "rabenseifner"):
         return
+    tag = signature(buf, TAG)
     if fold.rem:
-        fold_in(comm, buf, op, fold)
+        tag = fold_in(comm, buf, op, fold, tag)
     me = fold.newrank
     if me >= 0:
         pof2 = fold.pof2
@@ -137,18 +147,20 @@ def allreduce(comm, buf, op):
             else:
                 keep_lo, keep_hi, send_lo, send_hi = lo, mid, mid, hi
             parts = pieces.count((bounds[hi] - bounds[lo]) * buf.itemsize // 2, comm)  # partners share lo, hi
-            pieces.sendrecv_combine(comm, buf[bounds[send_lo]:bounds[send_hi]], partner,
-                                    buf[bounds[keep_lo]:bounds[keep_hi]], partner, TAG, op, mask == 1, parts)
+            tag = pieces.sendrecv_combine(comm, buf[bounds[send_lo]:bounds[send_hi]], partner,
+                                          buf[bounds[keep_lo]:bounds[keep_hi]], partner, tag, op, mask == 1, parts)
             lo, hi = keep_lo, keep_hi
             mask >>= 1
         mask = 1
         while mask < pof2:  # allgather by recursive doubling
             partner = fold.partners[mask.bit_length() - 1]
             other = lo ^ mask
-            comm.Sendrecv(buf[bounds[lo]:bounds[hi]], partner, TAG,
-                          buf[bounds[other]:bounds[other + mask]], partner, TAG)
+            tag = sendrecv(comm, buf[bounds[lo]:bounds[hi]], partner,
+                           buf[bounds[other]:bounds[other + mask]], partner, tag)
             lo = min(lo, other)
             mask <<= 1
             hi = lo + mask
     if fold.rem:
-        fold_out(comm, buf, fold)
+        tag = fold_out(comm, buf, fold, tag)
+    if tag & BAD:
+        raise mismatch(comm, buf, name)

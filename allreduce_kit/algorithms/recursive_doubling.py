@@ -1,39 +1,69 @@
 """Recursive-doubling allreduce: lg p exchange-and-combine steps of the whole buffer.
 
-In step k (mask = 2**k) every rank swaps its whole buffer with the rank whose number differs in
-bit k and combines the two; after lg p steps every rank holds the full reduction. Partners
-compute ``a op b`` and ``b op a``: the kernels give the same bits in either order (see
-``kernels/reduce.py``), so every rank ends bitwise identical. Latency-optimal (lg p messages,
-no separate broadcast phase); every step moves and reduces the whole buffer. MPICH's choice for
-short messages. Rank counts that are not a power of two are folded first (``fold.py``). For a
-small buffer the exchange loop runs in compiled code (``native.py``).
+In each step every rank swaps its whole buffer with the rank whose number differs in one bit
+(the highest bit first, as in ``rabenseifner``'s reduce-scatter) and combines the two; after
+lg p steps every rank holds the full reduction. Partners compute ``a op b`` and ``b op a``: the
+kernels give the same bits in either order (see ``kernels/reduce.py``), so every rank ends
+bitwise identical. Latency-optimal (lg p messages, no separate broadcast phase); every step
+moves and reduces the whole buffer. MPICH's choice for short messages. Rank counts that are
+not a power of two are folded first (``fold.py``). For a small buffer the exchange loop runs in
+compiled code (``native.py``).
+
+When the ranks' buffers differ (``signature.py``), every rank knows after the lg p steps; it
+then swaps an empty message with each partner again, lowest bit first, in the steps of
+``rabenseifner``'s allgather, so that ``shared_memory``'s fallback, which runs this for short
+buffers and ``rabenseifner`` for long ones, ends with every message received when the ranks'
+lengths fall on both sides of its split.
 """
 from mpi4py import MPI
 
 from . import native, register
 from .fold import fold_in, fold_of, fold_out
+from .pieces import sendrecv_combine
+from .signature import BAD, MORE, mismatch, received, recv, sendrecv, tag as signature
 
 TAG = 104
 
 
 @register("recursive_doubling")
-def allreduce(comm, buf, op):
+def allreduce(comm, buf, op, name: str = "recursive_doubling"):
+    """``name``: the algorithm the caller asked for, for the error if the ranks' buffers differ."""
     fold = fold_of(comm)
+    tag = signature(buf, TAG)
     if fold.rem:
-        fold_in(comm, buf, op, fold)
-    if fold.partners:
-        compiled = comm.state.get(native.Exchange, False)
-        if compiled is False:
-            compiled = comm.attach(native.Exchange, lambda c: native.exchange_for(c, fold.partners, TAG))
-        if compiled is not None and op.code is not None and buf.nbytes <= native.MAX_BYTES:
-            err = native.exchange(buf, compiled.state, compiled.handles, op.code, op.divisor)
-            if err:
-                raise MPI.Exception(err)
-        else:
-            incoming = comm.scratch(buf.size, buf.dtype)
-            last = fold.partners[-1]
-            for partner in fold.partners:
-                comm.Sendrecv(buf, partner, TAG, incoming, partner, TAG)
-                op.combine(buf, incoming, partner == last)
+        tag = fold_in(comm, buf, op, fold, tag)
+    partners = fold.partners  # the lowest bit first; the steps take the highest first
+    if partners:
+        done = 0
+        if op.code is not None and buf.nbytes <= native.MAX_BYTES:
+            compiled = comm.state.get(native.Exchange, False)
+            if compiled is False:
+                compiled = comm.attach(native.Exchange, lambda c: native.exchange_for(c, partners[::-1]))
+            if compiled is not None:
+                done = native.exchange(buf, compiled.state, compiled.handles, tag, op.code, op.divisor)
+                if done < len(partners):  # a partner's tag or size differed: take over after that step
+                    tag = _took_over(comm, buf, compiled, partners[-1 - done], tag)
+                    done += 1
+        for k in range(len(partners) - 1 - done, -1, -1):
+            tag = sendrecv_combine(comm, buf, partners[k], buf, partners[k], tag, op, k == 0, 1)
+        if tag & BAD:  # the steps of ``rabenseifner``'s allgather, for ``shared_memory``'s fallback
+            empty = buf[:0]
+            for partner in partners:
+                tag = sendrecv(comm, empty, partner, empty, partner, tag)
     if fold.rem:
-        fold_out(comm, buf, fold)
+        tag = fold_out(comm, buf, fold, tag)
+    if tag & BAD:
+        raise mismatch(comm, buf, name)
+
+
+def _took_over(comm, buf, compiled, partner: int, tag: int) -> int:
+    """The call's tag after the compiled loop stopped at the exchange with ``partner``: ``BAD``
+    (a tag that differs, or a message that did not fit), once every piece it sends is received."""
+    err = compiled.error()
+    if err and MPI.Get_error_class(err) != MPI.ERR_TRUNCATE:
+        raise MPI.Exception(err)
+    more = compiled.received() & MORE
+    while more:  # the partner sends its step in pieces: its buffer is longer
+        tag = recv(comm, buf[:0], partner, tag)
+        more = received() & MORE
+    return tag | BAD

@@ -14,6 +14,9 @@ Two ways to move the segments, the same steps and the same bits either way:
 - otherwise by messages, ``Sendrecv`` to the right and from the left; large reduce-scatter
   steps go in cache-sized pieces when every rank has a core (``pieces.py``).
 
+Either way a buffer whose length or dtype differs between ranks raises ``ValueError`` on every
+rank (``signature.py``).
+
 Why the schedule is written twice: the direct loop is one compiled function that runs every
 step, waits on its peers' counters and folds read pieces without returning to Python, because
 ``process_vm_readv`` and the counter waits can be called from compiled code but mpi4py's
@@ -27,13 +30,15 @@ from numba import njit
 from . import direct, pieces, register
 from ..kernels import reduce as _loops
 from .segments import bounds_array, segment_pieces, segments
+from .signature import BAD, mismatch, sendrecv, tag as signature
 
 TAG = 103
 
 
 @njit(cache=True, nogil=True)
 def _direct(buf, bounds, state, piece, iov, code, divisor):
-    """The ring with direct reads (``direct.py``); 0, or -1 if a read failed.
+    """The ring with direct reads (``direct.py``); 0, -1 if a read failed, -2 if the ranks'
+    buffers differ (found before any read).
 
     Counters, from ``first``: rank r has finished reduce-scatter step k at ``first + k + 1`` and
     allgather step k at ``first + p + k``. Rank r reads only from its left neighbour, and only
@@ -43,8 +48,9 @@ def _direct(buf, bounds, state, piece, iov, code, divisor):
     """
     rank, size = state[0], state[1]
     right, left = (rank + 1) % size, (rank - 1 + size) % size
-    first = direct.begin(state, buf.ctypes.data)
-    direct.wait_for(state, left, first)
+    first = direct.begin(state, buf, TAG)
+    if first < 0:
+        return -2
     theirs = direct.address_of(state, left)
     isz = buf.itemsize
     for k in range(size - 1):  # reduce-scatter
@@ -75,10 +81,13 @@ def allreduce(comm, buf, op):
     right, left = (rank + 1) % p, (rank - 1) % p
     seg = segments(buf, p)
     parts = segment_pieces(buf, comm)
+    tag = signature(buf, TAG)
 
     for k in range(p - 1):  # reduce-scatter
-        pieces.sendrecv_combine(comm, seg[(rank - k) % p], right, seg[(rank - k - 1) % p], left, TAG, op,
-                                k == p - 2, parts)
+        tag = pieces.sendrecv_combine(comm, seg[(rank - k) % p], right, seg[(rank - k - 1) % p], left, tag, op,
+                                      k == p - 2, parts)
 
     for k in range(p - 1):  # allgather
-        comm.Sendrecv(seg[(rank + 1 - k) % p], right, TAG, seg[(rank - k) % p], left, TAG)
+        tag = sendrecv(comm, seg[(rank + 1 - k) % p], right, seg[(rank - k) % p], left, tag)
+    if tag & BAD:
+        raise mismatch(comm, buf, "ring")

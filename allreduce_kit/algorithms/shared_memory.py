@@ -21,6 +21,10 @@ on the 2-core development machine (docs/performance.md). A communicator that spa
 an op without a numba kernel (the bench's ``--kernel numpy``), takes ``recursive_doubling``
 (small buffers) or ``rabenseifner`` instead. The window (``2 p SLOT_BYTES`` bytes and two
 cache lines of flags per rank) is made on the first call on a communicator and freed with it.
+
+A buffer whose length or dtype differs between ranks raises ``ValueError`` on every rank, from
+the first round, before any rank reads another's slot (``_allreduce``); without a window, also
+when the lengths fall on both sides of ``FALLBACK_SPLIT`` (``recursive_doubling.py``).
 """
 from typing import Dict, Optional
 
@@ -29,7 +33,8 @@ from mpi4py import MPI
 from numba import njit
 
 from . import ALGORITHMS, register
-from .spin import NodeWindow, node_of, store_release, wait_until
+from .signature import mismatch, word
+from .spin import NodeWindow, load_acquire, node_of, store_release, wait_until
 from ..kernels import reduce as _loops
 
 #: Bytes in one rank's slot, per set; larger buffers go in rounds of this size. Read when a
@@ -40,7 +45,8 @@ SCATTER_FROM = 16 << 10
 #: Without a window, buffers up to this many bytes take ``recursive_doubling``, larger ones
 #: ``rabenseifner`` (MPICH's own split between the two is of this order).
 FALLBACK_SPLIT = 64 << 10
-#: Each flag has a cache line to itself, so raising one never disturbs another.
+#: Each flag has a cache line to itself, so raising one never disturbs another (the first flag's
+#: line also holds the rank's ``signature.word``, one per set of slots, written with the flag).
 _LINE = 64
 
 
@@ -54,17 +60,23 @@ def _wait_all(flags, line, size, gen, yield_fn):
 @njit(cache=True, nogil=True)
 def _allreduce(buf, slots, state, code, divisor):
     """Reduce ``buf`` in place with every rank of the window (``code``: ``kernels.OP_CODES``;
-    ``divisor``: divide the result by it unless 0).
+    ``divisor``: divide the result by it unless 0); 0, or -1 if the ranks' buffers differ.
 
     ``slots``: the window's slot area viewed as ``buf``'s dtype; ``state``: this rank, the rank
     count, the flags' address, ``sched_yield``'s address (0: spin without yielding), the
     number of the last round (advanced here), ``SCATTER_FROM`` and ``SLOT_BYTES``.
+
+    The first round of a call also publishes ``signature.word`` beside the rank's first flag,
+    in a word of the round's set, and compares every rank's before reading any slot: if one
+    differs, every rank returns -1 there, at the same round (the caller raises, collectively).
+    A word is rewritten only two rounds later, as a slot is, so the words read are this call's.
     """
     rank, size, flags, yield_fn = state[0], state[1], state[2], state[3]
     gen = state[4]
     scatter_from = state[5]
     per_slot = state[6] // buf.itemsize
     n = buf.size
+    signed = word(buf, TAG)
     start = 0
     while start < n:
         stop = min(start + per_slot, n)
@@ -72,8 +84,17 @@ def _allreduce(buf, slots, state, code, divisor):
         gen += 1
         base = (gen & 1) * size * per_slot
         _loops.copy(slots[base + rank * per_slot:base + rank * per_slot + m], buf[start:stop])
+        if start == 0:
+            store_release(flags + _LINE * 2 * rank + 8 + 8 * (gen & 1), signed)
         store_release(flags + _LINE * 2 * rank, gen)
         _wait_all(flags, 0, size, gen, yield_fn)
+        if start == 0:
+            same = True
+            for k in range(size):
+                same &= load_acquire(flags + _LINE * 2 * k + 8 + 8 * (gen & 1)) == signed
+            if not same:
+                state[4] = gen
+                return -1
         if m * buf.itemsize >= scatter_from:
             a, b = rank * m // size, (rank + 1) * m // size
             mine = slots[base + a:base + b]
@@ -93,6 +114,7 @@ def _allreduce(buf, slots, state, code, divisor):
                 _loops.divide(piece, divisor)
         start = stop
     state[4] = gen
+    return 0
 
 
 class Window(NodeWindow):
@@ -131,6 +153,6 @@ def allreduce(comm, buf, op):
     if window is False:
         window = comm.attach(Window, window_for)
     if window is None or op.code is None:
-        ALGORITHMS["recursive_doubling" if buf.nbytes <= FALLBACK_SPLIT else "rabenseifner"](comm, buf, op)
-    else:
-        _allreduce(buf, window.slots(buf.dtype), window.state, op.code, op.divisor)
+        ALGORITHMS["recursive_doubling" if buf.nbytes <= FALLBACK_SPLIT else "rabenseifner"](comm, buf, op, "shared_memory")
+    elif _allreduce(buf, window.slots(buf.dtype), window.state, op.code, op.divisor) != 0:
+        raise mismatch(comm, buf, "shared_memory")

@@ -36,13 +36,15 @@ from numba import njit
 from . import direct, pieces, register
 from ..kernels import reduce as _loops
 from .segments import bounds_array, segment_pieces, segments
+from .signature import BAD, mismatch, sendrecv, tag as signature
 
 TAG = 106
 
 
 @njit(cache=True, nogil=True)
 def _direct(buf, bounds, state, piece, iov, code, divisor):
-    """Two-shot with direct reads and writes; 0, or -1 if a read or write failed.
+    """Two-shot with direct reads and writes; 0, -1 if a read or write failed, -2 if the ranks'
+    buffers differ (found before any read or write).
 
     Rank r takes segment r a piece at a time: it reads every peer's copy of the piece and folds
     it in, then writes the finished piece into every peer's buffer. Counters, from ``first``:
@@ -54,10 +56,10 @@ def _direct(buf, bounds, state, piece, iov, code, divisor):
     and writing into it.
     """
     rank, size = state[0], state[1]
-    first = direct.begin(state, buf.ctypes.data)
+    first = direct.begin(state, buf, TAG)  # every peer has published its buffer, the same as this one
+    if first < 0:
+        return -2
     isz = buf.itemsize
-    for k in range(1, size):
-        direct.wait_for(state, (rank + k) % size, first)
     start, end = bounds[rank], bounds[rank + 1]
     while start < end:
         stop = min(start + piece.size, end)
@@ -87,8 +89,11 @@ def allreduce(comm, buf, op):
         return
     seg = segments(buf, p)
     parts = segment_pieces(buf, comm)
+    tag = signature(buf, TAG)
     for k in range(1, p):  # reduce-scatter
         to, source = (rank - k) % p, (rank + k) % p
-        pieces.sendrecv_combine(comm, seg[to], to, seg[rank], source, TAG, op, k == p - 1, parts)
+        tag = pieces.sendrecv_combine(comm, seg[to], to, seg[rank], source, tag, op, k == p - 1, parts)
     for k in range(1, p):  # allgather
-        comm.Sendrecv(seg[rank], (rank + k) % p, TAG, seg[(rank - k) % p], (rank - k) % p, TAG)
+        tag = sendrecv(comm, seg[rank], (rank + k) % p, seg[(rank - k) % p], (rank - k) % p, tag)
+    if tag & BAD:
+        raise mismatch(comm, buf, "two_shot")

@@ -1,0 +1,131 @@
+"""A call's signature: how the ranks find out, at no cost, that their buffers differ.
+
+Every rank of a call must pass a buffer of the same length and dtype. Nothing is added to a
+well-formed call to check that; instead, what the algorithms exchange anyway carries each
+rank's signature, and every rank compares what it receives with its own:
+
+- on the message paths, every message's tag is ``signature << 2 | BAD | MORE``, received with
+  ``MPI.ANY_TAG`` from the known source (the library's communicator is private: no other
+  message can match). ``BAD`` says the sender has seen a signature other than its own, or a
+  message that did not fit (MPI's ``ERR_TRUNCATE``, caught); every message it sends after that
+  carries ``BAD`` on. An allreduce makes every rank's result depend on every rank's buffer, so
+  along the messages from two ranks whose signatures differ to any third, some receiver sees a
+  difference and ``BAD`` travels the rest of the way: at the end every rank knows. ``MORE``
+  says another piece of the same step follows (``pieces.py``), so that a step whose pieces are
+  counted from a length that differs still ends with every message received. Messages go as
+  bytes (``MPI.BYTE``): a message of another dtype is then only a message of another size
+  (MPICH asserts, and ends the job, when a message is not a whole number of the receive
+  datatype's elements);
+- on the single-copy and shared-window paths (``direct.py``, ``shared_memory.py``), each rank
+  publishes ``word(buf, algorithm)`` beside its buffer's address, and compares every peer's word
+  with its own before it touches any peer's memory. Every rank reads the same words, so every
+  rank finds the same difference at the same point.
+
+Either way every rank then calls ``mismatch``, which gathers what each rank passed (the only
+communication a mismatch adds) and gives every rank the same ``ValueError``. A tag holds the
+length's low ``LOW_BITS`` bits (22 with MPICH's tag bound) and 5 bits hashed from the dtype, the
+algorithm and the length's high bits: two lengths differ in the tag unless they differ by a
+multiple of ``2 ** (LOW_BITS + 5)`` elements (2**27 with MPICH); the published words hold
+everything.
+"""
+import numpy as np
+from mpi4py import MPI
+from numba import njit
+from numba.extending import overload
+
+from ..kernels import DTYPES
+
+#: Tag bit: the sender sends another piece in this step (``pieces.py``).
+MORE = 1
+#: Tag bit: the sender knows the ranks' buffers differ.
+BAD = 2
+
+_CODES = {dtype: code for code, dtype in enumerate(DTYPES)}
+#: Bits of a length a tag holds exactly; set from ``MPI.TAG_UB`` on first use (MPI must be running).
+LOW_BITS = 0
+_status = MPI.Status()
+
+
+def _low_bits() -> int:
+    global LOW_BITS
+    bound = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)  # at least 32767 by the standard; 2**29 - 1 in MPICH
+    LOW_BITS = (bound + 1).bit_length() - 1 - 2 - 5  # tag bits, less BAD and MORE, less the hash
+    return LOW_BITS
+
+
+def tag(buf: np.ndarray, algorithm: int) -> int:
+    """The tag of ``buf``'s messages for ``algorithm`` (its module's ``TAG``: distinct mod 8)."""
+    low = LOW_BITS or _low_bits()
+    size = buf.size
+    mixed = (_CODES[buf.dtype] + 4 * algorithm + 7 * (size >> low)) & 31
+    return ((mixed << low) | (size & ((1 << low) - 1))) << 2
+
+
+def send(comm, buf: np.ndarray, dest: int, tag: int) -> None:
+    """Send ``buf`` to ``dest`` with ``tag`` (as bytes, like every message here)."""
+    comm.Send([buf, MPI.BYTE], dest, tag)
+
+
+def recv(comm, buf: np.ndarray, source: int, tag: int) -> int:
+    """Receive ``source``'s message into ``buf``; return ``tag``, with ``BAD`` if the message's
+    tag says the call is inconsistent or the message did not fit."""
+    try:
+        comm.Recv([buf, MPI.BYTE], source, MPI.ANY_TAG, _status)
+    except MPI.Exception as error:
+        return _truncated(error, tag)
+    return tag if _status.tag & ~MORE == tag else tag | BAD
+
+
+def sendrecv(comm, send: np.ndarray, dest: int, recv: np.ndarray, source: int, tag: int, more: int = 0) -> int:
+    """``Sendrecv`` with ``tag | more`` on the message sent; the received message checked as in ``recv``."""
+    try:
+        comm.Sendrecv([send, MPI.BYTE], dest, tag | more, [recv, MPI.BYTE], source, MPI.ANY_TAG, _status)
+    except MPI.Exception as error:
+        return _truncated(error, tag)
+    return tag if _status.tag & ~MORE == tag else tag | BAD
+
+
+def received() -> int:
+    """The tag of the message ``recv`` or ``sendrecv`` received last."""
+    return _status.tag
+
+
+def _truncated(error: MPI.Exception, tag: int) -> int:
+    if error.Get_error_class() != MPI.ERR_TRUNCATE:
+        raise error
+    return tag | BAD
+
+
+def mismatch(comm, buf: np.ndarray, algorithm: str) -> ValueError:
+    """The error every rank raises once it knows the ranks' buffers differ: what each passed.
+
+    Collective: every rank of ``comm`` calls it, after it has finished touching its peers. It is
+    the only communication a mismatch adds, and also keeps every rank from starting its next
+    call until all have left this one.
+    """
+    calls = comm.allgather((buf.size, buf.dtype.name, algorithm))
+    found = []
+    for field, name in enumerate(("buf length", "buf dtype", "algorithm")):
+        if len({c[field] for c in calls}) > 1:
+            per_rank = ", ".join(f"rank {r}: {c[field]}" for r, c in enumerate(calls))
+            found.append(f"{name} differs between ranks ({per_rank})")
+    if not found:  # e.g. lengths whose difference no tag shows, yet a message did not fit
+        found.append("the ranks' calls do not match")
+    return ValueError(f"allreduce: {'; '.join(found)}; every rank's buf is left undefined")
+
+
+def dtype_code(buf):
+    """The index of ``buf``'s dtype in ``kernels.DTYPES`` (compiled: a constant per dtype)."""
+    return _CODES[buf.dtype]
+
+
+@overload(dtype_code)
+def _dtype_code(buf):
+    code = _CODES[np.dtype(buf.dtype.name)]
+    return lambda buf: code
+
+
+@njit(cache=True, nogil=True)
+def word(buf, algorithm):
+    """What ``direct.py`` and ``shared_memory.py`` publish: length, algorithm and dtype in one int64."""
+    return (buf.size << 10) | ((algorithm & 255) << 2) | dtype_code(buf)
