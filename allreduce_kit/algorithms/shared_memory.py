@@ -48,6 +48,9 @@ FALLBACK_SPLIT = 64 << 10
 #: Each flag has a cache line to itself, so raising one never disturbs another (the first flag's
 #: line also holds the rank's ``signature.word``, one per set of slots, written with the flag).
 _LINE = 64
+#: This algorithm's number in a call's signature (``signature.word``), as the other
+#: algorithms' message tags are theirs; no message carries it.
+TAG = 107
 
 
 @njit(cache=True, nogil=True)
