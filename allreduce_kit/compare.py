@@ -90,6 +90,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                      description="Print two or more runs of python -m allreduce_kit.train --json "
                                                  "side by side (any mode), and optionally plot their loss curves.")
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"allreduce_kit {__version__}")
     parser.add_argument("runs", nargs="+", metavar="RUN.json", help="files written by allreduce_kit.train --json")
     parser.add_argument("--plot", metavar="PATH.png", default=None,
                         help="draw loss against wall time and against samples seen (needs matplotlib)")
