@@ -3,6 +3,9 @@
 Each rank fills its buffer with its own values, checks its own result against MPI's, and all
 ranks must end with bitwise the same result.
 """
+import os
+import time
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -52,22 +55,23 @@ def float_tolerance(comm, x: np.ndarray, op: str) -> np.ndarray:
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS) + ["auto"])
-def test_matches_mpi_allreduce(comm, algorithm, op, dtype):
-    for n in lengths(comm.Get_size()):
-        x = local_values(n, dtype, comm.Get_rank())
-        expected = oracle(comm, x, op)
-        tolerance = float_tolerance(comm, x, op) if x.dtype.kind == "f" else None
-        result = allreduce(x, op=op, algorithm=algorithm, comm=comm)
-        assert result is x, "allreduce works in place and returns its buffer"
-        if tolerance is None:
-            assert np.array_equal(x, expected), f"n={n}: integers must match MPI exactly"
-        else:
-            error = np.abs(x.astype(np.float64) - expected)
-            assert np.all(error <= tolerance), f"n={n}: max error {error.max()} beyond tolerance"
-        assert_same_everywhere(comm, x)
-        assert_quiet(comm)
+def test_matches_mpi_allreduce(comm, algorithm, dtype):
+    """Every op (one communicator for all five: each test's own costs a clone) and length."""
+    for op in OPS:
+        for n in lengths(comm.Get_size()):
+            x = local_values(n, dtype, comm.Get_rank())
+            expected = oracle(comm, x, op)
+            tolerance = float_tolerance(comm, x, op) if x.dtype.kind == "f" else None
+            result = allreduce(x, op=op, algorithm=algorithm, comm=comm)
+            assert result is x, "allreduce works in place and returns its buffer"
+            if tolerance is None:
+                assert np.array_equal(x, expected), f"op={op} n={n}: integers must match MPI exactly"
+            else:
+                error = np.abs(x.astype(np.float64) - expected)
+                assert np.all(error <= tolerance), f"op={op} n={n}: max error {error.max()} beyond tolerance"
+            assert_same_everywhere(comm, x)
+            assert_quiet(comm)
 
 
 @pytest.mark.mpi
@@ -125,14 +129,33 @@ def test_reduce_scatter_in_pieces_gives_the_same_bits(comm, algorithm, monkeypat
 
 
 @pytest.mark.mpi
-def test_kernels_use_only_this_ranks_share_of_the_node(comm):
-    """p ranks on a node of c cores fold with at most max(1, c // p) threads each, unless the
-    user set NUMBA_NUM_THREADS or OMP_NUM_THREADS: more would make the ranks fight for cores."""
-    from allreduce_kit.threads import thread_share
-
-    lib = library_comm(comm)
-    assert lib.threads == thread_share(comm) >= 1
-    assert lib.reductions["sum"].threads == lib.threads
+def test_kernels_use_only_this_ranks_share_of_the_node(comm, monkeypatch):
+    """p ranks on a node of c cores fold with max(1, c // p) threads each, unless the user set
+    NUMBA_NUM_THREADS or OMP_NUM_THREADS: more would make the ranks fight for cores. Here c is
+    set through every rank's affinity mask (all its cores, then one), p counted by host name."""
+    for name in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK"):
+        monkeypatch.delenv(name, raising=False)
+    hosts = comm.allgather(MPI.Get_processor_name())
+    on_my_node = hosts.count(MPI.Get_processor_name())
+    mine = os.sched_getaffinity(0)
+    one = {min(comm.allgather(min(mine)))}  # the same core on every rank
+    try:
+        for cores in (mine, one):
+            os.sched_setaffinity(0, cores)
+            for setting in (None, "3"):
+                if setting:
+                    monkeypatch.setenv("NUMBA_NUM_THREADS", setting)
+                fresh = comm.Dup()  # a new library communicator counts again
+                try:
+                    lib = library_comm(fresh)
+                    want = int(setting) if setting else max(1, len(cores) // on_my_node)
+                    assert lib.threads == want, (len(cores), on_my_node, setting)
+                    assert lib.reductions["sum"].threads == want
+                finally:
+                    fresh.Free()
+                    monkeypatch.delenv("NUMBA_NUM_THREADS", raising=False)
+    finally:
+        os.sched_setaffinity(0, mine)
 
 
 @pytest.mark.mpi
@@ -255,8 +278,6 @@ def test_direct_reads_never_see_a_buffer_its_owner_has_moved_on_from(comm, algor
     back, each buffer overwritten with garbage right after, all match MPI on every rank. (A ring
     whose ranks returned without waiting for their right neighbour's last read failed this at
     3, 4 and 8 ranks.)"""
-    import time
-
     p, rank = comm.Get_size(), comm.Get_rank()
     fresh = comm.Dup()
     try:
