@@ -17,8 +17,9 @@ USER_SETTINGS = ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS")
 @pytest.fixture
 def node(monkeypatch):
     """``node(cores)``: this process may run on ``cores`` cores; no thread setting, no Slurm."""
-    for name in USER_SETTINGS + ("SLURM_CPUS_PER_TASK",):
-        monkeypatch.delenv(name, raising=False)
+    for name in list(os.environ):
+        if name in USER_SETTINGS or name.startswith("SLURM_"):
+            monkeypatch.delenv(name)
 
     def cores(count: int) -> None:
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(count)))
