@@ -1,4 +1,4 @@
-"""Measure sync allreduce against the async parameter server (issue 7), interleaving runs.
+"""Measure sync allreduce against the async parameter server, interleaving runs.
 
     python benchmarks/sync_vs_async.py [--repeat 3] [--epochs 10] [--out DIR]
 

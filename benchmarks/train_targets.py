@@ -1,4 +1,4 @@
-"""Measure issue 3's three targets for ``python -m allreduce_kit.train``, interleaving runs.
+"""Measure where ``python -m allreduce_kit.train`` spends its time, interleaving runs.
 
     python benchmarks/train_targets.py [--repeat 5] [--only wall,yield,overhead,scaling,jitter]
 
@@ -27,9 +27,8 @@ CONFIGS = {
               ("8 ranks, no heavy yield", 8, [], {"ALLREDUCE_KIT_YIELD": "0"})],
     # Random delays, uniform in [0, 10] ms on every rank: waiting grows with p.
     "jitter": [(f"p={p} jitter 5 ms", p, ["--epochs", "10", "--jitter-ms", "5"], {}) for p in (2, 4, 8)],
-    # A 1,011,010-parameter model (4.04 MB float32 gradient) at p = 2, with auto's choice
-    # (two_shot at 4 MB since session 7) and with shared_memory, whose time depends least on
-    # cache state.
+    # A 1,011,010-parameter model (4.04 MB float32 gradient) at p = 2, with auto's choice and
+    # with shared_memory, whose time depends least on cache state.
     "overhead": [(f"1M params p=2{label}", 2, ["--dataset", "synthetic", "--samples", "20000", "--features", "1000",
                                                "--hidden", "1000", "--classes", "10", "--max-steps", "150",
                                                "--bench-allreduce", "150", *algorithm], {})

@@ -1,8 +1,9 @@
-"""``python -m allreduce_kit.train --mode async-ps`` under mpiexec: correctness, the trade-off with
-sync, bounded staleness, clean shutdown, failures; and ``python -m allreduce_kit.compare``.
+"""``python -m allreduce_kit.train --mode async-ps`` under mpiexec: correctness, bounded
+staleness, clean shutdown, failures; and ``python -m allreduce_kit.compare``.
 
-Small model (one hidden layer of 32), two or three epochs of the digits, at most 4 ranks. Timings
-are compared as directions with wide margins between runs made back to back, never absolutely.
+Small model (one hidden layer of 32), two or three epochs of the digits, at most 4 ranks. The
+trade-off with sync (throughput under a straggler, accuracy at equal samples) is measured by
+``benchmarks/async_tradeoff.py``, not asserted here.
 """
 import json
 import subprocess
@@ -46,6 +47,7 @@ def test_one_worker_is_the_synchronous_trainer_bitwise_and_shuts_down_cleanly(mp
     assert ps["summary"]["samples"] == sync["summary"]["samples"] == 2 * 1438
     assert ps["summary"]["updates_applied"] == sync["summary"]["updates_applied"] == 2 * 45
     assert ps["staleness"]["overall"]["max"] == 0 and ps["staleness"]["applied_per_server"] == [90, 90]
+    assert sync["summary"]["staleness_max"] == 0 and sync["summary"]["gradients_rejected"] == 0
     # Clean shutdown: the worker stopped, nothing left in flight, the final parameters on disk.
     from allreduce_kit.train import checkpoint
     final = checkpoint.latest(str(ckpt))                                          # checkpoint-<updates>.npz
@@ -66,34 +68,6 @@ def test_one_worker_is_the_synchronous_trainer_bitwise_and_shuts_down_cleanly(mp
     assert png.stat().st_size > 10_000
 
 
-def test_trade_off_straggler_hurts_sync_throughput_and_async_accuracy_lags(mpirun, tmp_path):
-    """The two effects the field argues about, at 4 ranks: directions with wide margins.
-
-    Each configuration runs twice and keeps its faster run, as a benchmark would: on a shared
-    2-core machine one burst of outside load can halve a single 5-second run's throughput."""
-    delay = 50
-    common = ["--epochs", "2"]
-    runs = {}
-    for mode in ("sync", "async-ps"):
-        for slow in (False, True):
-            extra = ["--mode", mode] + (["--straggler", f"2:{delay}"] if slow else [])
-            both = [_run(mpirun, 4, tmp_path, f"{mode}-{slow}-{i}", common + extra)[0] for i in (1, 2)]
-            runs[mode, slow] = max(both, key=lambda run: run["summary"]["samples_per_second"])
-    kept = {mode: runs[mode, True]["summary"]["samples_per_second"] / runs[mode, False]["summary"]["samples_per_second"]
-            for mode in ("sync", "async-ps")}
-    # Sync: every step waits for the straggler. Async: the slow worker only contributes fewer updates.
-    assert kept["async-ps"] > 2 * kept["sync"] and kept["async-ps"] > 0.4, kept
-    workers = {w["rank"]: w for w in runs["async-ps", True]["staleness"]["workers"]}
-    assert workers[2]["pushed"] < 0.5 * min(workers[1]["pushed"], workers[3]["pushed"]), workers
-    for w in workers.values():
-        assert set(w["staleness"]) == {"mean", "p50", "p95", "max"}
-    # Without stragglers, at the same samples, sync is at least as accurate (stale momentum SGD is not).
-    sync, ps = runs["sync", False]["summary"], runs["async-ps", False]["summary"]
-    assert abs(sync["samples"] - ps["samples"]) < 8
-    assert sync["test_accuracy"] >= ps["test_accuracy"], (sync, ps)
-    assert sync["staleness_max"] == 0 and ps["staleness_mean"] > 0.5
-
-
 def test_bounded_staleness_rejects_older_gradients_and_counts_them(mpirun, tmp_path):
     """Worker 2 is made 20 ms slower per gradient, so worker 3 pushes several updates between
     its pull and its push: its gradients are staler than the bound of 1 (without a straggler a
@@ -105,6 +79,9 @@ def test_bounded_staleness_rejects_older_gradients_and_counts_them(mpirun, tmp_p
     rejected = sum(w["rejected"] for w in s["workers"])
     assert rejected > 0 and rejected == s["rejected_per_server"][0] == ps["summary"]["gradients_rejected"]
     assert sum(w["pushed"] for w in s["workers"]) == ps["summary"]["updates_applied"] + rejected
+    assert sorted(w["rank"] for w in s["workers"]) == [2, 3], "ranks 0 and 1 serve, 2 and 3 work"
+    for w in s["workers"]:
+        assert set(w["staleness"]) == {"mean", "p50", "p95", "max"}
     assert "bound 1: rejected per server" in text
 
 

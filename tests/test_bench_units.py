@@ -1,9 +1,9 @@
-"""The bench's pieces that need no MPI job: sizes, crossover points, the cost-model fit, tuning files."""
-import json
+"""The bench's pieces that need no MPI job: sizes, crossover points, the cost-model fit, timing.
 
+(Tuning files and ``auto``'s choice from them: ``test_selection.py``.)
+"""
 import pytest
 
-from allreduce_kit import selection
 from allreduce_kit.bench import fit
 from allreduce_kit.bench.__main__ import message_sizes, parse_bytes
 from allreduce_kit.bench.sweep import Row
@@ -59,38 +59,6 @@ def test_cost_model_matches_the_textbook_at_a_power_of_two():
     assert fit.coefficients("recursive_doubling", p, n) == (3, 3 * n, 3 * n)
     assert fit.coefficients("tree", p, n) == (6, 6 * n, 3 * n)
     assert fit.coefficients("recursive_doubling", 5, n) == (2 + 2, 2 * n + 2 * n, 2 * n + n), "5 ranks fold to 4"
-
-
-def test_tuning_files_are_checked_merged_and_chosen_from(tmp_path, monkeypatch):
-    path = tmp_path / "t.json"
-    selection.write(str(path), 2, [(0, "tree"), (4096, "ring")], {})
-    selection.write(str(path), 8, [(0, "recursive_doubling")], {})
-    monkeypatch.setenv(selection.ENV, str(path))
-    table, source = selection.load()
-    assert source == str(path) and set(table) == {2, 8}
-    assert selection.choose(100, 2, table) == "tree" and selection.choose(4096, 2, table) == "ring"
-    assert selection.choose(10, 16, table) == "recursive_doubling", "nearest rank count measured"
-    assert selection.choose(10, 3, table) == "tree"
-    monkeypatch.setenv(selection.ENV, "builtin")
-    assert selection.load()[1] == "builtin"
-    for bad in ({"rules": {"2": [[4, "ring"]]}}, {"rules": {"1": [[0, "ring"]]}}, {"rules": {"2": [[0, "nope"]]}}, []):
-        path.write_text(json.dumps(bad))
-        monkeypatch.setenv(selection.ENV, str(path))
-        with pytest.raises(ValueError, match="tuning file"):
-            selection.load()
-    monkeypatch.setenv(selection.ENV, str(tmp_path / "missing.json"))
-    with pytest.raises(ValueError, match="missing.json"):
-        selection.load()
-
-
-def test_the_default_tuning_file_follows_xdg_config_home(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
-    monkeypatch.delenv(selection.ENV, raising=False)
-    assert selection.default_path() == tmp_path / "allreduce_kit" / "tuning.json"
-    assert selection.load()[1] == "builtin", "no file: the built-in table"
-    selection.write(str(selection.default_path()), 4, [(0, "naive")], {})
-    table, source = selection.load()
-    assert source == str(selection.default_path()) and table == {4: ((0, "naive"),)}
 
 
 def test_a_sample_is_restore_barrier_timed_calls_barrier():

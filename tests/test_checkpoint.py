@@ -1,4 +1,4 @@
-"""Checkpoints that survive a crash (issue 6, point 3), without MPI.
+"""Checkpoints that survive a crash, without MPI.
 
 Every checkpoint that is not exactly what was written (truncated, a flipped byte, contents
 changed under an old checksum, another format version, not a checkpoint at all) is refused with

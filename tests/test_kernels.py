@@ -2,6 +2,8 @@
 
 No MPI here: the kernels know nothing of it.
 """
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,7 @@ import pytest
 
 from allreduce_kit import kernels
 
+REPO = Path(__file__).resolve().parent.parent
 NUMPY = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 
 
@@ -105,10 +108,35 @@ def test_copy_moves_every_bit_into_the_destination_range_only(dtype):
     assert outer[2:1003].tobytes() == src.tobytes()
 
 
-def test_kernels_source_imports_no_mpi():
-    source = Path(kernels.__file__).parent
-    for file in source.glob("*.py"):
-        assert "mpi4py" not in file.read_text(), f"{file.name} must not use MPI"
+IMPORT_PROBE = """
+import json, sys
+import numpy as np
+import allreduce_kit.kernels as kernels
+dst = np.ones(3, np.float32)
+kernels.reduce_into(dst, np.ones(3, np.float32), "sum")
+loaded = sorted(name for name in sys.modules if name == "mpi4py" or name.startswith("mpi4py."))
+import mpi4py
+mpi4py.rc.initialize = mpi4py.rc.finalize = False   # only ask: do not start MPI here
+from mpi4py import MPI
+print(json.dumps({"mpi4py_modules": loaded, "mpi_initialized": MPI.Is_initialized(),
+                  "sum": dst.tolist(), "file": kernels.__file__}))
+"""
+
+
+def test_importing_the_kernels_starts_no_mpi(tmp_path):
+    """``import allreduce_kit.kernels`` in a fresh process, from outside the source tree (so the
+    installed package is the one imported), loads no part of mpi4py and leaves MPI uninitialised;
+    the kernels work."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([sys.executable, "-c", IMPORT_PROBE], capture_output=True, text=True, timeout=120,
+                            cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout.splitlines()[-1])
+    assert seen["sum"] == [2.0, 2.0, 2.0]
+    source = {REPO / "kernels", REPO / "allreduce_kit"}
+    assert not source & set(Path(seen["file"]).resolve().parents), f"imported from the source tree: {seen['file']}"
+    assert seen["mpi4py_modules"] == [], f"importing the kernels imported {seen['mpi4py_modules']}"
+    assert seen["mpi_initialized"] is False, "importing the kernels started MPI"
 
 
 def test_a_second_process_loads_the_compiled_kernels_from_the_cache():

@@ -1,8 +1,8 @@
-"""The trainer under faults (issue 6): a hung rank, a killed rank, bad numbers, bad options.
+"""The trainer under faults: a hung rank, a killed rank, bad numbers, bad options.
 
 Every test launches ``python -m allreduce_kit.train`` under mpiexec on the bundled digits with a
-small model. Time bounds are generous (the machine is shared): they separate "ends within
-seconds" from "hangs for minutes", never measure speed.
+small model. The only time bounds are the launches' timeouts, which separate "ends" from
+"hangs"; how soon a job ends after a fault is measured by ``benchmarks/fault_latency.py``.
 """
 import json
 import os
@@ -28,21 +28,17 @@ def _ok(result):
     return result
 
 
-# -- point 1: a rank that never arrives --------------------------------------------------------
+# -- a rank that never arrives ---------------------------------------------------------------------
 def test_stall_timeout_names_the_hung_rank_and_ends_the_job(mpirun):
-    timeout = 3
-    started = time.monotonic()
-    result = mpirun(3, TRAIN + SMALL + ["--straggler", "2:600000", "--stall-timeout", str(timeout)], timeout=120)
-    elapsed = time.monotonic() - started
+    """The straggler sleeps ten minutes per step; the job must end within the 120 s ``mpirun``
+    allows it (start-up takes a few seconds on a loaded 2-core machine)."""
+    result = mpirun(3, TRAIN + SMALL + ["--straggler", "2:600000", "--stall-timeout", "3"], timeout=120)
     assert result.returncode != 0
     assert "missing ranks (have not reached this call): [2]" in result.stderr, result.stderr[-3000:]
     assert "test accuracy" not in result.stdout
-    # Start-up (imports, data, first collective) takes a few seconds on a loaded 2-core machine;
-    # the straggler would sleep ten minutes.
-    assert elapsed < timeout + 60, f"the job took {elapsed:.0f} s with --stall-timeout {timeout}"
 
 
-# -- point 2: a rank killed with SIGKILL in the middle of training ---------------------------------
+# -- a rank killed with SIGKILL in the middle of training ------------------------------------------
 def _descendants(pid: int):
     children = {}
     for entry in os.listdir("/proc"):
@@ -95,17 +91,15 @@ def test_a_killed_rank_ends_the_job_and_resume_matches_an_unbroken_run(mpirun, t
             time.sleep(0.1)
         victim = _rank_process(job.pid, 1)
         os.kill(victim, signal.SIGKILL)
-        killed = time.monotonic()
-        out, err = job.communicate(timeout=60)
-        ended = time.monotonic()
+        try:
+            out, err = job.communicate(timeout=60)  # (how soon it ends: benchmarks/fault_latency.py)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the job did not end within 60 s of rank 1's death")
     finally:
         if job.poll() is None:
             job.kill()
             job.communicate()
-    print(f"job ended {ended - killed:.2f} s after SIGKILL of rank 1, exit status {job.returncode}; "
-          f"mpiexec said: {err.strip().splitlines()[-1:] if err.strip() else '(nothing)'}")
     assert job.returncode != 0
-    assert ended - killed < 20, f"the job ended {ended - killed:.1f} s after rank 1 was killed"
     assert "test accuracy" not in out
 
     newest = checkpoint.latest(str(ckpt))
@@ -124,7 +118,7 @@ def test_a_killed_rank_ends_the_job_and_resume_matches_an_unbroken_run(mpirun, t
     assert final_meta["step"] == reference["steps"]
 
 
-# -- point 4: NaN in one rank's gradient --------------------------------------------------------
+# -- NaN in one rank's gradient --------------------------------------------------------------------
 def test_nonfinite_gradient_aborts_naming_the_step(mpirun, tmp_path):
     ckpt = tmp_path / "ckpt"
     result = mpirun(2, TRAIN + SMALL + ["--max-steps", "20", "--inject-nan", "1:7", "--checkpoint-dir", ckpt,
@@ -180,7 +174,7 @@ def test_the_finiteness_check_sees_nan_and_both_infinities_but_not_large_values(
     assert not all_finite(both)
 
 
-# -- point 5: every option with an impossible value -------------------------------------------
+# -- every option with an impossible value ---------------------------------------------------------
 DIGITS_TRAIN = 1437          # 1797 digits minus 20 % held out
 
 

@@ -1,25 +1,44 @@
-"""The job scripts as files: valid bash, clean under shellcheck, and shaped as cluster users expect.
+"""The job scripts (``jobs/*.sbatch``) without a cluster: what sbatch reads from them, and what
+they run.
 
-shellcheck is installed from Debian when missing (root and apt-get needed); where it cannot be,
-that check is skipped with the reason, and ``bash -n`` still runs.
+- bash parses them and shellcheck finds nothing (shellcheck is installed from Debian when
+  missing, as root with apt-get; where it cannot be, that check is skipped with the reason);
+- sbatch itself reads every ``#SBATCH`` line and accepts it: ``sbatch -v`` against a controller
+  address that refuses connections lists the options it took, then fails to submit;
+- run with stub ``srun``/``mpiexec``/``python`` in a fake Slurm environment, each script starts
+  the program of its virtual environment with the documented command line, thread settings,
+  run directory and exit status.
+
+``test_slurm.py`` submits the same scripts to a real Slurm and checks what the jobs print.
 """
 import os
 import re
 import shutil
+import socket
+import stat
 import subprocess
 from pathlib import Path
+from typing import Dict, List
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted((REPO / "jobs").glob("*.sbatch"))
 HELPERS = sorted((REPO / "tests" / "slurm").glob("*.sh"))
+#: script -> (the program it runs, its result files besides --json, its plot's file name)
+PROGRAMS = {
+    "train.sbatch": ("train", [], "steps.png"),
+    "train-multinode.sbatch": ("train", [], "steps.png"),
+    "bench.sbatch": ("bench", ["--csv", "results.csv"], "busbw.png"),
+}
+RESOURCES = ("nodes", "ntasks-per-node", "cpus-per-task", "time", "job-name", "output")
 
 
-def test_the_three_job_scripts_exist():
-    assert {p.name for p in SCRIPTS} >= {"train.sbatch", "bench.sbatch", "train-multinode.sbatch"}
+def test_every_script_is_described_here():
+    assert {p.name for p in SCRIPTS} == set(PROGRAMS)
 
 
+# -- bash and shellcheck -----------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def shellcheck() -> str:
     found = shutil.which("shellcheck")
@@ -57,36 +76,236 @@ def test_shellcheck_does_catch_mistakes(shellcheck, tmp_path):
     assert result.returncode != 0 and "SC2086" in result.stdout
 
 
-def sbatch_options(script: Path) -> dict:
-    """The #SBATCH options of a script, as sbatch reads them (until the first command line)."""
-    options = {}
-    for line in script.read_text().splitlines()[1:]:
-        if line and not line.startswith("#"):
-            break
-        match = re.match(r"#SBATCH\s+--([\w-]+)(?:=(\S+))?", line)
-        if match:
-            options[match.group(1)] = match.group(2)
-    return options
+# -- what sbatch reads -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sbatch(tmp_path_factory):
+    """``sbatch(script, *options) -> (options sbatch took, its stderr)``, never submitting.
+
+    Slurm's configuration here names a controller on a port bound but not listening, so every
+    submission fails at once with "Unable to contact slurm controller", after sbatch has parsed
+    the script and printed (``-v``) the options it took."""
+    program = shutil.which("sbatch")
+    if not program:
+        pytest.skip("sbatch is not installed (Debian: apt-get install slurm-client)")
+    closed = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    closed.bind(("127.0.0.1", 0))
+    conf = tmp_path_factory.mktemp("slurm") / "slurm.conf"
+    conf.write_text(f"ClusterName=check\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort={closed.getsockname()[1]}\n"
+                    "MessageTimeout=2\nNodeName=localhost CPUs=8\nPartitionName=check Nodes=localhost Default=YES\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
+    env["SLURM_CONF"] = str(conf)
+
+    def read(script: Path, *options: str):
+        result = subprocess.run([program, "-v", *options, str(script)], capture_output=True, text=True,
+                                timeout=60, env=env, cwd=conf.parent)
+        table = re.search(r"defined options\n.*?\n(.*?)\n[^\n]*end of defined options", result.stderr, re.S)
+        took = dict(_option(line) for line in (table.group(1).splitlines() if table else []))
+        took.pop("verbose", None)
+        return took, result.stderr
+
+    yield read
+    closed.close()
+
+
+def _option(line: str):
+    """``sbatch: ntasks-per-node     : 8`` -> (``ntasks-per-node``, ``'8'``)."""
+    name, _, value = line.split(":", 1)[1].partition(":")
+    return name.strip(), value.strip()
+
+
+def directives(script: Path) -> Dict[str, str]:
+    """Every ``#SBATCH --name=value`` line in the file, wherever it is."""
+    return {m.group(1): m.group(2) or "" for m in re.finditer(r"^#SBATCH\s+--([\w-]+)(?:=(\S+))?", script.read_text(), re.M)}
+
+
+def problems_sbatch_finds(sbatch, script: Path) -> List[str]:
+    took, err = sbatch(script)
+    found = [line for line in err.splitlines() if "unrecognized option" in line or "error: Invalid" in line]
+    if "Unable to contact slurm controller" not in err:
+        found.append(f"sbatch stopped before submitting: {err.strip()[-500:]}")
+    wanted = directives(script)
+    if "output" in took:
+        took["output"] = os.path.basename(took["output"])  # sbatch makes it absolute
+    for name, value in wanted.items():
+        if took.get(name) != value:
+            found.append(f"#SBATCH --{name}={value}: sbatch took {took.get(name)!r}")
+    return found
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
-def test_resources_are_sbatch_lines_at_the_top(script):
-    options = sbatch_options(script)
-    for name in ("nodes", "ntasks-per-node", "cpus-per-task", "time", "job-name", "output"):
-        assert name in options, f"{script.name}: no '#SBATCH --{name}=' line before the first command"
-    assert "%j" in options["output"], "Slurm's log should be named after the job id"
+def test_sbatch_takes_every_directive_as_written(sbatch, script):
+    assert problems_sbatch_finds(sbatch, script) == []
+    took = directives(script)
+    missing = [name for name in RESOURCES if name not in took]
+    assert not missing, f"{script.name}: no '#SBATCH --{missing[0]}=' line"
+    assert "%j" in took["output"], "Slurm's log should be named after the job id"
 
 
-def test_the_multinode_example_asks_for_two_nodes():
-    assert sbatch_options(REPO / "jobs" / "train-multinode.sbatch")["nodes"] == "2"
+def test_the_directive_check_finds_misspelled_bad_and_misplaced_lines(sbatch, tmp_path):
+    """The verdict above means something: a misspelt option, a bad value, and a directive after
+    the first command (which sbatch ignores) are each found."""
+    text = (REPO / "jobs" / "train.sbatch").read_text()
+    spoilt = {
+        "misspelt": text.replace("#SBATCH --cpus-per-task=1", "#SBATCH --cpu-per-task=1"),
+        "bad value": text.replace("#SBATCH --time=00:15:00", "#SBATCH --time=quarter-hour"),
+        "misplaced": text.replace("set -uo pipefail\n", "set -uo pipefail\n#SBATCH --mem=1G\n"),
+    }
+    for what, changed in spoilt.items():
+        assert changed != text, what
+        copy = tmp_path / f"{what.replace(' ', '-')}.sbatch"
+        copy.write_text(changed)
+        assert problems_sbatch_finds(sbatch, copy), f"a {what} directive went unnoticed"
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
-def test_conventions(script):
-    text = script.read_text()
-    assert text.count("EDIT HERE") == 1, "the software environment is set up in one clearly marked place"
-    assert 'export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK' in text
-    assert "export NUMBA_NUM_THREADS=$OMP_NUM_THREADS" in text
-    assert "LAUNCHER=${LAUNCHER:-srun}" in text
-    assert "srun --mpi=pmi2" in text and "mpiexec -n" in text
-    assert "$SLURM_JOB_ID" in text and "--json" in text
+def test_the_multinode_example_asks_for_two_nodes(sbatch):
+    took, _ = sbatch(REPO / "jobs" / "train-multinode.sbatch")
+    assert took["nodes"] == "2"
+
+
+# -- what the scripts run ----------------------------------------------------------------------
+RECORD = r'''#!/bin/bash
+# Records how it was called ($0, then every argument, NUL-separated) and the thread settings.
+name=$(basename "$0")
+printf '%s\0' "$0" "$@" > "$STUB_RECORD/$name.args"
+printf '%s\0' "${OMP_NUM_THREADS-unset}" "${NUMBA_NUM_THREADS-unset}" > "$STUB_RECORD/$name.env"
+'''
+LAUNCHER = RECORD + r'''# Starts the command that follows its own options (as srun and mpiexec do).
+while [[ $# -gt 0 && $1 != python* ]]; do shift; done
+[[ $# -gt 0 ]] || { echo "stub $name: no command to start" >&2; exit 97; }
+exec "$@"
+'''
+PYTHON = r'''#!/bin/bash
+if [[ $1 == -c ]]; then [[ ${STUB_MATPLOTLIB:-1} == 1 ]]; exit; fi   # "import matplotlib"
+''' + RECORD.split("\n", 1)[1] + r'''echo "stub program output"
+exit "${STUB_STATUS:-0}"
+'''
+DECOY = "#!/bin/bash\necho \"the system's $(basename \"$0\") ran, not the environment's\" >&2\nexit 99\n"
+
+
+def _executable(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+def fake_venv(where: Path) -> Path:
+    """A virtual environment whose python and mpiexec (the mpich wheel puts one there) are stubs."""
+    (where / "bin").mkdir(parents=True)
+    (where / "bin" / "activate").write_text(f'export VIRTUAL_ENV={where}\nexport PATH="$VIRTUAL_ENV/bin:$PATH"\n')
+    _executable(where / "bin" / "python", PYTHON)
+    _executable(where / "bin" / "mpiexec", LAUNCHER)
+    return where
+
+
+class Job:
+    """One run of a job script in a fake allocation: 6 tasks, 2 CPUs each, job 4242."""
+
+    def __init__(self, tmp: Path):
+        self.submit = tmp / "submit"
+        self.submit.mkdir()
+        self.record = tmp / "record"
+        self.record.mkdir()
+        self.venv = fake_venv(tmp / "venv")
+        stubs = tmp / "stubs"
+        _executable(stubs / "srun", LAUNCHER)
+        _executable(stubs / "mpiexec", DECOY)  # found only if the environment's is not
+        _executable(stubs / "python", DECOY)
+        self.env = {"PATH": f"{stubs}:/usr/bin:/bin", "HOME": str(tmp), "STUB_RECORD": str(self.record),
+                    "SLURM_JOB_ID": "4242", "SLURM_SUBMIT_DIR": str(self.submit), "SLURM_NTASKS": "6",
+                    "SLURM_CPUS_PER_TASK": "2", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "node1",
+                    "VENV": str(self.venv)}
+
+    def run(self, script: str, args=(), **env) -> subprocess.CompletedProcess:
+        full = {**self.env, **env}
+        full = {k: v for k, v in full.items() if v is not None}
+        return subprocess.run(["bash", str(REPO / "jobs" / script), *args], cwd=self.submit, env=full,
+                              capture_output=True, text=True, timeout=60)
+
+    def called(self, stub: str) -> List[str]:
+        """How ``stub`` was called: its path, then its arguments ([] if it was not)."""
+        path = self.record / f"{stub}.args"
+        return path.read_text().split("\0")[:-1] if path.exists() else []
+
+    def threads(self, stub: str) -> List[str]:
+        return (self.record / f"{stub}.env").read_text().split("\0")[:-1]
+
+
+@pytest.fixture
+def job(tmp_path):
+    return Job(tmp_path)
+
+
+def expected_program_args(script: str, out: Path, plot: bool = True) -> List[str]:
+    program, extra, plot_name = PROGRAMS[script]
+    files = ["--json", str(out / "results.json")]
+    files += [extra[0], str(out / extra[1])] if extra else []
+    files += ["--plot", str(out / plot_name)] if plot else []
+    return ["-m", f"allreduce_kit.{program}", *files]
+
+
+@pytest.mark.parametrize("launcher", ["srun", "mpiexec"])
+@pytest.mark.parametrize("script", sorted(PROGRAMS))
+def test_the_job_runs_the_environments_program_as_documented(job, script, launcher):
+    result = job.run(script, ["--epochs", "3", "two words"], LAUNCHER=launcher)
+    assert result.returncode == 0, result.stdout + result.stderr
+    program = PROGRAMS[script][0]
+    out = job.submit / "runs" / f"{program}-4242"
+    command = ["python", *expected_program_args(script, out), "--epochs", "3", "two words"]
+    if launcher == "srun":
+        assert job.called("srun")[1:] == ["--mpi=pmi2", "--kill-on-bad-exit=1", "--cpus-per-task=2", *command]
+        assert not job.called("mpiexec")
+    else:
+        assert job.called("mpiexec") == [str(job.venv / "bin" / "mpiexec"), "-n", "6", *command]
+        assert not job.called("srun")
+    assert job.called("python") == [str(job.venv / "bin" / "python"), *command[1:]]
+    assert job.threads("python") == ["2", "2"], "OMP_NUM_THREADS and NUMBA_NUM_THREADS: the task's CPUs"
+    log = (out / f"{program}.log").read_text()
+    assert "stub program output" in log and f"allreduce_kit.{program} exited with status 0" in log
+    assert f"+ {launcher}" in log, "the log shows the command it ran"
+    assert "stub program output" in result.stdout
+
+
+@pytest.mark.parametrize("script", sorted(PROGRAMS))
+def test_the_programs_exit_status_is_the_jobs(job, script):
+    result = job.run(script, STUB_STATUS="3")
+    assert result.returncode == 3
+    program = PROGRAMS[script][0]
+    assert f"allreduce_kit.{program} exited with status 3" in (job.submit / "runs" / f"{program}-4242" / f"{program}.log").read_text()
+
+
+def test_without_cpus_per_task_each_rank_gets_one_thread(job):
+    assert job.run("train.sbatch", SLURM_CPUS_PER_TASK=None).returncode == 0
+    assert "--cpus-per-task=1" in job.called("srun")
+    assert job.threads("python") == ["1", "1"]
+
+
+def test_without_matplotlib_there_is_no_plot_and_a_note_says_why(job):
+    result = job.run("bench.sbatch", STUB_MATPLOTLIB="0")
+    assert result.returncode == 0, result.stderr
+    out = job.submit / "runs" / "bench-4242"
+    assert job.called("python")[1:] == expected_program_args("bench.sbatch", out, plot=False)
+    assert "note: matplotlib is not installed" in result.stdout
+
+
+def test_the_environment_defaults_to_the_submitting_shells_then_the_submit_directorys(job):
+    elsewhere = fake_venv(job.submit.parent / "active")
+    assert job.run("train.sbatch", VENV=None, VIRTUAL_ENV=str(elsewhere)).returncode == 0
+    assert job.called("python")[0] == str(elsewhere / "bin" / "python")
+    local = fake_venv(job.submit / ".venv")
+    assert job.run("train.sbatch", VENV=None).returncode == 0
+    assert job.called("python")[0] == str(local / "bin" / "python")
+
+
+def test_runs_dir_chooses_where_run_directories_go(job):
+    runs = job.submit.parent / "elsewhere"
+    assert job.run("train.sbatch", RUNS_DIR=str(runs)).returncode == 0
+    assert job.called("python")[1:] == expected_program_args("train.sbatch", runs / "train-4242")
+    assert (runs / "train-4242" / "train.log").is_file()
+
+
+def test_outside_an_allocation_the_script_stops_before_launching(job):
+    result = job.run("train.sbatch", SLURM_JOB_ID=None)
+    assert result.returncode != 0
+    assert "SLURM_JOB_ID: is not set: submit this script with sbatch" in result.stderr
+    assert not job.called("srun") and not job.called("python")
+    assert not (job.submit / "runs").exists()

@@ -1,34 +1,83 @@
+"""Plumbing for the tests that run inside an MPI job: every rank runs every test.
+
+Each test gets communicators of its own (``comm``, ``any_comm``, ``comms``), made when it starts
+and freed when it ends; the library's clone of each must be freed with it (``release``). At the
+end, no library clone may be left alive but the one of ``COMM_WORLD``, which lives as long as
+the process.
+"""
+import gc
 import hashlib
+from typing import Callable, Dict
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 from allreduce_kit import library_comm
+from allreduce_kit.comm import LibraryComm
 
 
-def _communicators():
-    world = MPI.COMM_WORLD
-    return {
-        "world": world,
-        "self": MPI.COMM_SELF,
-        "dup": world.Dup(),
-        "split": world.Split(color=world.Get_rank() % 2, key=-world.Get_rank()),  # reversed order
-    }
+def _split() -> MPI.Intracomm:
+    rank = MPI.COMM_WORLD.Get_rank()
+    return MPI.COMM_WORLD.Split(color=rank % 2, key=-rank)  # odd and even ranks, in reversed order
 
 
-COMMS = _communicators()
+#: name -> how to make a fresh communicator of that kind (collective).
+MAKERS: Dict[str, Callable[[], MPI.Intracomm]] = {
+    "world": lambda: MPI.COMM_WORLD.Clone(),
+    "self": lambda: MPI.COMM_SELF.Clone(),
+    "dup": lambda: MPI.COMM_WORLD.Dup(),
+    "split": _split,
+}
 
 
-@pytest.fixture(params=sorted(COMMS))
-def any_comm(request):
-    """Each of: COMM_WORLD, COMM_SELF, a Dup of the world, and a Split into odd and even ranks."""
-    return COMMS[request.param]
+def release(comm: MPI.Intracomm) -> None:
+    """Free a test's communicator and check that the library's clone of it went too (collective)."""
+    lib = library_comm(comm)  # the clone the test used (made here if it used none)
+    comm.Free()
+    assert lib == MPI.COMM_NULL, "the library's clone outlived the communicator it was made for"
 
 
 @pytest.fixture
 def comm():
-    return MPI.COMM_WORLD
+    """A clone of ``COMM_WORLD`` for this test alone, freed when it ends."""
+    new = MPI.COMM_WORLD.Clone()
+    yield new
+    release(new)
+
+
+@pytest.fixture(params=sorted(MAKERS))
+def any_comm(request):
+    """Each of: a clone of ``COMM_WORLD``, a clone of ``COMM_SELF``, a ``Dup`` of the world, and a
+    ``Split`` into odd and even ranks; made for this test and freed when it ends."""
+    new = MAKERS[request.param]()
+    yield new
+    release(new)
+
+
+@pytest.fixture
+def comms():
+    """``{"world": ..., "split": ...}``: a clone of the world and a split of it, for this test."""
+    made = {"world": MAKERS["world"](), "split": MAKERS["split"]()}
+    yield made
+    for new in made.values():
+        release(new)
+
+
+def live_library_clones() -> int:
+    """How many of the library's clones of communicators this process holds, not yet freed."""
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if isinstance(o, LibraryComm) and o != MPI.COMM_NULL)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_library_clone_left():
+    """The tests leave no library clone behind (the world's is made first: it stays)."""
+    library_comm(MPI.COMM_WORLD)
+    before = live_library_clones()
+    yield
+    after = live_library_clones()
+    assert after <= before, f"{after - before} library clone(s) of communicators left alive by the tests"
 
 
 def assert_quiet(comm) -> None:

@@ -3,6 +3,9 @@
 Each rank fills its buffer with its own values, checks its own result against MPI's, and all
 ranks must end with bitwise the same result.
 """
+import os
+import time
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -51,52 +54,55 @@ def float_tolerance(comm, x: np.ndarray, op: str) -> np.ndarray:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS) + ["auto"])
-def test_matches_mpi_allreduce(comm, algorithm, op, dtype):
-    for n in lengths(comm.Get_size()):
-        x = local_values(n, dtype, comm.Get_rank())
-        expected = oracle(comm, x, op)
-        tolerance = float_tolerance(comm, x, op) if x.dtype.kind == "f" else None
-        result = allreduce(x, op=op, algorithm=algorithm, comm=comm)
-        assert result is x, "allreduce works in place and returns its buffer"
-        if tolerance is None:
-            assert np.array_equal(x, expected), f"n={n}: integers must match MPI exactly"
-        else:
-            error = np.abs(x.astype(np.float64) - expected)
-            assert np.all(error <= tolerance), f"n={n}: max error {error.max()} beyond tolerance"
-        assert_same_everywhere(comm, x)
-        assert_quiet(comm)
+def test_matches_mpi_allreduce(comm, algorithm):
+    """Every op, dtype and awkward length, on one communicator per algorithm (each test's own
+    communicator costs the library a clone and its set-up: a test per case would multiply it)."""
+    for dtype in DTYPES:
+        for op in OPS:
+            for n in lengths(comm.Get_size()):
+                case = f"{dtype} {op} n={n}"
+                x = local_values(n, dtype, comm.Get_rank())
+                expected = oracle(comm, x, op)
+                tolerance = float_tolerance(comm, x, op) if x.dtype.kind == "f" else None
+                result = allreduce(x, op=op, algorithm=algorithm, comm=comm)
+                assert result is x, "allreduce works in place and returns its buffer"
+                if tolerance is None:
+                    assert np.array_equal(x, expected), f"{case}: integers must match MPI exactly"
+                else:
+                    error = np.abs(x.astype(np.float64) - expected)
+                    assert np.all(error <= tolerance), f"{case}: max error {error.max()} beyond tolerance"
+                assert_same_everywhere(comm, x)
+                assert_quiet(comm)
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
-def test_closed_form_sum_on_every_communicator(any_comm, algorithm):
+def test_closed_form_sum_on_every_communicator(any_comm):
     """On any communicator, ranks 0..p-1 holding rank+1 sum to p(p+1)/2 exactly."""
     p, rank = any_comm.Get_size(), any_comm.Get_rank()
-    for n in (1, p + 1, 1000):
-        x = np.full(n, rank + 1, dtype=np.float64)
-        allreduce(x, op="sum", algorithm=algorithm, comm=any_comm)
-        assert np.all(x == p * (p + 1) / 2)
-        assert_quiet(any_comm)
+    for algorithm in sorted(ALGORITHMS):
+        for n in (1, p + 1, 1000):
+            x = np.full(n, rank + 1, dtype=np.float64)
+            allreduce(x, op="sum", algorithm=algorithm, comm=any_comm)
+            assert np.all(x == p * (p + 1) / 2), f"{algorithm} n={n}"
+            assert_quiet(any_comm)
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
-def test_integer_overflow_wraps_as_in_mpi(comm, algorithm):
-    x = np.full(7, np.iinfo(np.int32).max - comm.Get_rank(), dtype=np.int32)
-    expected = oracle(comm, x, "sum")
-    allreduce(x, op="sum", algorithm=algorithm, comm=comm)
-    assert np.array_equal(x, expected)
+def test_integer_overflow_wraps_as_in_mpi(comm):
+    for algorithm in sorted(ALGORITHMS):
+        x = np.full(7, np.iinfo(np.int32).max - comm.Get_rank(), dtype=np.int32)
+        expected = oracle(comm, x, "sum")
+        allreduce(x, op="sum", algorithm=algorithm, comm=comm)
+        assert np.array_equal(x, expected), algorithm
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
-def test_multidimensional_buffer_keeps_its_shape(comm, algorithm):
-    x = np.ones((3, 5, 7), dtype=np.float32)
-    allreduce(x, op="sum", algorithm=algorithm, comm=comm)
-    assert x.shape == (3, 5, 7) and np.all(x == comm.Get_size())
+def test_multidimensional_buffer_keeps_its_shape(comm):
+    for algorithm in sorted(ALGORITHMS):
+        x = np.ones((3, 5, 7), dtype=np.float32)
+        allreduce(x, op="sum", algorithm=algorithm, comm=comm)
+        assert x.shape == (3, 5, 7) and np.all(x == comm.Get_size()), algorithm
 
 
 @pytest.mark.mpi
@@ -107,7 +113,7 @@ def test_reduce_scatter_in_pieces_gives_the_same_bits(comm, algorithm, monkeypat
     communicator that keeps to messages: with direct reads there are no messages to cut.)"""
     from allreduce_kit.algorithms import pieces
 
-    messages = _by_messages_too()
+    messages = _by_messages_too(comm)
     lib = library_comm(messages)
     try:
         for n in (comm.Get_size() + 1, 1000, 4099):
@@ -125,33 +131,55 @@ def test_reduce_scatter_in_pieces_gives_the_same_bits(comm, algorithm, monkeypat
 
 
 @pytest.mark.mpi
-def test_kernels_use_only_this_ranks_share_of_the_node(comm):
-    """p ranks on a node of c cores fold with at most max(1, c // p) threads each, unless the
-    user set NUMBA_NUM_THREADS or OMP_NUM_THREADS: more would make the ranks fight for cores."""
-    lib = library_comm(comm)
-    assert lib.threads == lib.layout.threads() >= 1
-    assert lib.reductions["sum"].threads == lib.threads
+def test_kernels_use_only_this_ranks_share_of_the_node(comm, monkeypatch):
+    """p ranks on a node of c cores fold with max(1, c // p) threads each, unless the user set
+    NUMBA_NUM_THREADS or OMP_NUM_THREADS: more would make the ranks fight for cores. Here c is
+    set through every rank's affinity mask (all its cores, then one), p counted by host name."""
+    for name in list(os.environ):
+        if name in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS") or name.startswith("SLURM_"):
+            monkeypatch.delenv(name)
+    hosts = comm.allgather(MPI.Get_processor_name())
+    on_my_node = hosts.count(MPI.Get_processor_name())
+    mine = os.sched_getaffinity(0)
+    one = {min(comm.allgather(min(mine)))}  # the same core on every rank
+    try:
+        for cores in (mine, one):
+            os.sched_setaffinity(0, cores)
+            for setting in (None, "3"):
+                if setting:
+                    monkeypatch.setenv("NUMBA_NUM_THREADS", setting)
+                fresh = comm.Dup()  # a new library communicator counts again
+                try:
+                    lib = library_comm(fresh)
+                    want = int(setting) if setting else max(1, len(cores) // on_my_node)
+                    assert lib.threads == want, (len(cores), on_my_node, setting)
+                    assert lib.reductions["sum"].threads == want
+                finally:
+                    fresh.Free()
+                    monkeypatch.delenv("NUMBA_NUM_THREADS", raising=False)
+    finally:
+        os.sched_setaffinity(0, mine)
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op", OPS)
-def test_compiled_exchange_loop_gives_the_bits_of_the_python_loop(comm, op, dtype, monkeypatch):
+def test_compiled_exchange_loop_gives_the_bits_of_the_python_loop(comm, op, monkeypatch):
     """Recursive doubling runs a small buffer's exchanges in compiled code, calling the C
     ``MPI_Sendrecv`` of the MPI library mpi4py loaded; forced onto the Python loop (mpi4py's
     ``Sendrecv``), it must give bitwise the same result, for every op and dtype."""
     from allreduce_kit.algorithms import native
 
     assert native.AVAILABLE, "the compiled path finds MPI_Sendrecv in the MPI library mpi4py uses"
-    for n in (1, 3, comm.Get_size() + 1, 1000):
-        x = local_values(n, dtype, comm.Get_rank())
-        compiled = allreduce(x.copy(), op=op, algorithm="recursive_doubling", comm=comm)
-        monkeypatch.setattr(native, "MAX_BYTES", 0)  # every buffer takes the Python loop
-        plain = allreduce(x.copy(), op=op, algorithm="recursive_doubling", comm=comm)
-        monkeypatch.undo()
-        assert np.array_equal(compiled, plain)
-        assert_same_everywhere(comm, compiled)
-        assert_quiet(comm)
+    for dtype in DTYPES:
+        for n in (1, 3, comm.Get_size() + 1, 1000):
+            x = local_values(n, dtype, comm.Get_rank())
+            compiled = allreduce(x.copy(), op=op, algorithm="recursive_doubling", comm=comm)
+            monkeypatch.setattr(native, "MAX_BYTES", 0)  # every buffer takes the Python loop
+            plain = allreduce(x.copy(), op=op, algorithm="recursive_doubling", comm=comm)
+            monkeypatch.undo()
+            assert np.array_equal(compiled, plain), f"{dtype} n={n}"
+            assert_same_everywhere(comm, compiled)
+            assert_quiet(comm)
 
 
 @pytest.mark.mpi
@@ -164,24 +192,20 @@ def test_shared_memory_rounds_reuse_the_window_safely(comm, scatter_from, monkey
     overwrites a slot that another is still reading."""
     from allreduce_kit.algorithms import shared_memory
 
-    monkeypatch.setattr(shared_memory, "SLOT_BYTES", 256)
-    monkeypatch.setattr(shared_memory, "SCATTER_FROM", scatter_from)
-    fresh = comm.Dup()  # a new communicator gets a new window, made with the settings above
-    try:
-        p, rank = comm.Get_size(), comm.Get_rank()
-        cases = [(n, dtype) for n in (1, max(p - 1, 1), 31, 32, 33, 1000, 4099) for dtype in ("float64", "int32")]
-        inputs = [local_values(n, dtype, rank) for n, dtype in cases]
-        expected = [oracle(comm, x, "sum") for x in inputs]
-        tolerance = [float_tolerance(comm, x, "sum") if x.dtype.kind == "f" else 0 for x in inputs]
-        results = [allreduce(x.copy(), op="sum", algorithm="shared_memory", comm=fresh) for x in inputs]
-        for (n, dtype), got, want, tol in zip(cases, results, expected, tolerance):
-            assert np.all(np.abs(got.astype(np.float64) - want) <= tol), f"n={n} {dtype}"
-            assert_same_everywhere(comm, got)
-        if p > 1:
-            assert isinstance(library_comm(fresh).state[shared_memory.Window], shared_memory.Window)
-        assert_quiet(comm)
-    finally:
-        fresh.Free()
+    monkeypatch.setattr(shared_memory, "SLOT_BYTES", 256)  # before the test's communicator
+    monkeypatch.setattr(shared_memory, "SCATTER_FROM", scatter_from)  # gets its window
+    p, rank = comm.Get_size(), comm.Get_rank()
+    cases = [(n, dtype) for n in (1, max(p - 1, 1), 31, 32, 33, 1000, 4099) for dtype in ("float64", "int32")]
+    inputs = [local_values(n, dtype, rank) for n, dtype in cases]
+    expected = [oracle(comm, x, "sum") for x in inputs]
+    tolerance = [float_tolerance(comm, x, "sum") if x.dtype.kind == "f" else 0 for x in inputs]
+    results = [allreduce(x.copy(), op="sum", algorithm="shared_memory", comm=comm) for x in inputs]
+    for (n, dtype), got, want, tol in zip(cases, results, expected, tolerance):
+        assert np.all(np.abs(got.astype(np.float64) - want) <= tol), f"n={n} {dtype}"
+        assert_same_everywhere(comm, got)
+    if p > 1:
+        assert isinstance(library_comm(comm).state[shared_memory.Window], shared_memory.Window)
+    assert_quiet(comm)
 
 
 @pytest.mark.mpi
@@ -191,27 +215,23 @@ def test_shared_memory_without_a_window_gives_the_bits_of_its_fallbacks(comm, mo
     from allreduce_kit.algorithms import shared_memory
 
     monkeypatch.setattr(shared_memory, "window_for", lambda comm: None)
-    fresh = comm.Dup()
-    try:
-        for n, fallback in ((comm.Get_size() + 1, "recursive_doubling"), (40000, "rabenseifner")):
-            x = local_values(n, "float32", comm.Get_rank())
-            want = allreduce(x.copy(), op="mean", algorithm=fallback, comm=fresh)
-            got = allreduce(x.copy(), op="mean", algorithm="shared_memory", comm=fresh)
-            assert np.array_equal(got, want), fallback
-            assert_same_everywhere(comm, got)
-        if comm.Get_size() > 1:
-            assert library_comm(fresh).state[shared_memory.Window] is None
-        assert_quiet(comm)
-    finally:
-        fresh.Free()
+    for n, fallback in ((comm.Get_size() + 1, "recursive_doubling"), (40000, "rabenseifner")):
+        x = local_values(n, "float32", comm.Get_rank())
+        want = allreduce(x.copy(), op="mean", algorithm=fallback, comm=comm)
+        got = allreduce(x.copy(), op="mean", algorithm="shared_memory", comm=comm)
+        assert np.array_equal(got, want), fallback
+        assert_same_everywhere(comm, got)
+    if comm.Get_size() > 1:
+        assert library_comm(comm).state[shared_memory.Window] is None
+    assert_quiet(comm)
 
 
-def _by_messages_too():
-    """A fresh communicator on which ``ring``, ``rabenseifner`` and ``two_shot`` keep to messages, as if direct
+def _by_messages_too(comm):
+    """A duplicate of ``comm`` on which ``ring``, ``rabenseifner`` and ``two_shot`` keep to messages, as if direct
     reads had failed their check (as across nodes)."""
     from allreduce_kit.algorithms import direct
 
-    fresh = MPI.COMM_WORLD.Dup()
+    fresh = comm.Dup()
     library_comm(fresh).state[direct.Peers] = None
     return fresh
 
@@ -226,22 +246,20 @@ def test_direct_reads_give_the_bits_of_messages(comm, algorithm, op, monkeypatch
     from shorter than p to many read pieces (forced small here)."""
     from allreduce_kit.algorithms import direct
 
-    monkeypatch.setattr(direct, "PIECE_BYTES", 64)  # many pieces per segment
-    reads = comm.Dup()  # its ``Peers`` are made with the piece size above
-    by_messages = _by_messages_too()
+    monkeypatch.setattr(direct, "PIECE_BYTES", 64)  # many pieces per segment, for the ``Peers``
+    by_messages = _by_messages_too(comm)             # of the test's communicator, made below
     try:
         p, rank = comm.Get_size(), comm.Get_rank()
         for n in (1, max(p - 1, 1), p + 1, 1000, 4099):
             for dtype in ("float32", "int64"):
                 x = local_values(n, dtype, rank)
-                got = allreduce(x.copy(), op=op, algorithm=algorithm, comm=reads)
+                got = allreduce(x.copy(), op=op, algorithm=algorithm, comm=comm)
                 assert np.array_equal(got, allreduce(x.copy(), op=op, algorithm=algorithm, comm=by_messages)), (n, dtype)
                 assert_same_everywhere(comm, got)
         if p > 1:
-            assert isinstance(library_comm(reads).state[direct.Peers], direct.Peers)
+            assert isinstance(library_comm(comm).state[direct.Peers], direct.Peers)
             assert library_comm(by_messages).state[direct.Peers] is None
     finally:
-        reads.Free()
         by_messages.Free()
 
 
@@ -253,22 +271,16 @@ def test_direct_reads_never_see_a_buffer_its_owner_has_moved_on_from(comm, algor
     back, each buffer overwritten with garbage right after, all match MPI on every rank. (A ring
     whose ranks returned without waiting for their right neighbour's last read failed this at
     3, 4 and 8 ranks.)"""
-    import time
-
     p, rank = comm.Get_size(), comm.Get_rank()
-    fresh = comm.Dup()
-    try:
-        for call, n in enumerate((3001, 17, 200000, 5, 64, 100003) * 4):
-            x = local_values(n, "int64", rank + call)
-            want = oracle(comm, x, "sum")
-            if rank == call % p and call % 2:
-                time.sleep(0.005)
-            got = allreduce(x, op="sum", algorithm=algorithm, comm=fresh)
-            assert got is x
-            assert np.array_equal(got, want), f"call {call}, n={n}"
-            x[:] = -(10**12)  # garbage, at once
-    finally:
-        fresh.Free()
+    for call, n in enumerate((3001, 17, 200000, 5, 64, 100003) * 4):
+        x = local_values(n, "int64", rank + call)
+        want = oracle(comm, x, "sum")
+        if rank == call % p and call % 2:
+            time.sleep(0.005)
+        got = allreduce(x, op="sum", algorithm=algorithm, comm=comm)
+        assert got is x
+        assert np.array_equal(got, want), f"call {call}, n={n}"
+        x[:] = -(10**12)  # garbage, at once
 
 
 @pytest.mark.mpi

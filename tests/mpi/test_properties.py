@@ -15,7 +15,6 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from mpi4py import MPI
 
 from allreduce_kit import ALGORITHMS, OPS, allreduce
-from conftest import COMMS
 
 FLOAT_SPECIALS = (np.nan, np.inf, -np.inf, 0.0, -0.0)
 MPI_OP = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
@@ -77,8 +76,8 @@ def agrees(comm, x: np.ndarray, result: np.ndarray, expected: np.ndarray, op: st
 @given(n=st.integers(0, 200), dtype=st.sampled_from(["float32", "float64", "int32", "int64"]),
        op=st.sampled_from(OPS), comm_name=st.sampled_from(["world", "split"]), seed=st.integers(0, 2**32 - 1),
        special_share=st.sampled_from([0.0, 0.05, 0.5]))
-def test_any_call_matches_mpi_with_every_algorithm(n, dtype, op, comm_name, seed, special_share):
-    comm = COMMS[comm_name]
+def test_any_call_matches_mpi_with_every_algorithm(comms, n, dtype, op, comm_name, seed, special_share):
+    comm = comms[comm_name]
     x = rank_values(n, np.dtype(dtype), seed, comm.Get_rank(), special_share)
     ours = expected_result(comm, x, op)
     mpis = expected_result(comm, x, op, nan_propagating=False)
@@ -86,6 +85,6 @@ def test_any_call_matches_mpi_with_every_algorithm(n, dtype, op, comm_name, seed
         expected = mpis if algorithm == "mpi" else ours  # MPI's own max/min may drop a NaN
         result = allreduce(x.copy(), op=op, algorithm=algorithm, comm=comm)
         mine = agrees(comm, x, result, expected, op)
-        everyone = MPI.COMM_WORLD.allreduce(mine, op=MPI.LAND)
-        assert everyone, (f"{algorithm}: rank {MPI.COMM_WORLD.Get_rank()} {'agrees' if mine else 'differs'}\n"
+        everyone = comms["world"].allreduce(mine, op=MPI.LAND)
+        assert everyone, (f"{algorithm}: rank {comms['world'].Get_rank()} {'agrees' if mine else 'differs'}\n"
                           f"result   {result}\nexpected {expected}")

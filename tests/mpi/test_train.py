@@ -14,34 +14,48 @@ from conftest import assert_quiet, assert_same_everywhere
 DIGITS = data.digits(0.2, seed=0)
 
 
-def _train(comm, batch, steps, **kw):
-    config = Config(batch_size=batch, hidden=(16,), max_steps=steps, epochs=1, lr=0.1, seed=3, **kw)
-    trainer = Trainer(config, comm, dataset=DIGITS)
-    trainer.run()
-    return trainer
+@pytest.fixture
+def train():
+    """``train(comm, batch, steps, **config)``: a trainer that has run; closed when the test ends."""
+    made = []
+
+    def run(comm, batch, steps, **kw):
+        config = Config(batch_size=batch, hidden=(16,), max_steps=steps, epochs=1, lr=0.1, seed=3, **kw)
+        trainer = Trainer(config, comm, dataset=DIGITS)
+        made.append(trainer)
+        trainer.run()
+        return trainer
+
+    yield run
+    for trainer in made:
+        trainer.close()
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("dtype,rtol", [("float32", 2e-4), ("float64", 1e-10)])
-def test_p_ranks_match_one_rank_with_p_times_the_batch(comm, dtype, rtol):
+def test_p_ranks_match_one_rank_with_p_times_the_batch(comm, train, dtype, rtol):
     p = comm.Get_size()
     if p == 1:
         pytest.skip("compares p ranks with one rank; needs p >= 2")
     batch, steps = 8, 6
-    parallel = _train(comm, batch, steps, dtype=dtype, weight_decay=1e-3)
-    # The reference: this rank alone (COMM_SELF) with batch p*b over the same data and seed.
-    alone = _train(MPI.COMM_SELF, batch * p, steps, dtype=dtype, weight_decay=1e-3)
-    assert parallel.step == alone.step == steps
-    moved = np.abs(alone.model.params - _train(MPI.COMM_SELF, batch * p, 0, dtype=dtype).model.params).max()
-    assert moved > 1e-3, "the reference did not train"
-    np.testing.assert_allclose(parallel.model.params, alone.model.params, rtol=rtol, atol=rtol * 1e-2)
-    assert_same_everywhere(comm, parallel.model.params)
-    assert_quiet(comm)
+    parallel = train(comm, batch, steps, dtype=dtype, weight_decay=1e-3)
+    # The reference: this rank alone (a clone of COMM_SELF) with batch p*b over the same data and seed.
+    alone_comm = MPI.COMM_SELF.Clone()
+    try:
+        alone = train(alone_comm, batch * p, steps, dtype=dtype, weight_decay=1e-3)
+        assert parallel.step == alone.step == steps
+        moved = np.abs(alone.model.params - train(alone_comm, batch * p, 0, dtype=dtype).model.params).max()
+        assert moved > 1e-3, "the reference did not train"
+        np.testing.assert_allclose(parallel.model.params, alone.model.params, rtol=rtol, atol=rtol * 1e-2)
+        assert_same_everywhere(comm, parallel.model.params)
+        assert_quiet(comm)
+    finally:
+        alone_comm.Free()
 
 
 @pytest.mark.mpi
-def test_replicas_start_from_rank_zero_and_stay_identical(comm):
-    trainer = _train(comm, 4, 3, bucket_mb=1e-3)          # several buckets
+def test_replicas_start_from_rank_zero_and_stay_identical(comm, train):
+    trainer = train(comm, 4, 3, bucket_mb=1e-3)           # several buckets
     identical, _ = trainer.replicas_identical()
     assert identical and trainer.buckets > 1
     assert_same_everywhere(comm, trainer.model.params)
