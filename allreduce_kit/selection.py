@@ -18,6 +18,7 @@ the first ``auto`` call on it, and broadcasts it, so every rank makes the same c
 the file differs between nodes.
 """
 import json
+import math
 import os
 from bisect import bisect_right
 from pathlib import Path
@@ -104,7 +105,7 @@ def rules_for(table: Table, size: int) -> Tuple[Tuple[int, str], ...]:
     """The rules for ``size`` ranks: its own, else those of the nearest rank count measured."""
     if size in table:
         return table[size]
-    nearest = min(table, key=lambda q: (abs(q.bit_length() - size.bit_length()), abs(q - size), -q))
+    nearest = min(table, key=lambda q: (abs(math.log2(q) - math.log2(size)), -q))
     return table[nearest]
 
 

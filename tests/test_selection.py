@@ -58,8 +58,6 @@ def _log_nearest(table, size):
     return min(table, key=lambda q: (round(abs(math.log2(q) - math.log2(size)), 12), -q))
 
 
-@pytest.mark.xfail(strict=True, reason="library bug: rules_for compares bit lengths, then linear distance: "
-                   "a log-scale tie goes to the smaller count, and 3 (between 2 and 4) to 2")
 @pytest.mark.parametrize("measured, size", [((2, 8), 4), ((4, 16), 8), ((2, 4), 3), ((4, 8), 6), ((8, 16), 12),
                                            ((2, 4, 8), 3)], ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple) else f"at{v}")
 def test_a_rank_count_between_two_measured_ones_follows_the_log_scale_ties_to_the_larger(measured, size):
