@@ -2,8 +2,10 @@
 
 The choice comes from a table of crossover points: for each measured rank count, a list of
 ``(min_bytes, algorithm)`` rules sorted by ``min_bytes`` (the last rule whose ``min_bytes`` is
-at most the message size wins). Rank counts not in the table use the nearest one measured
-(on a log scale; ties go to the larger).
+at most the message size wins). In the built-in table, rank counts not in it use the nearest one
+measured (on a log scale; ties go to the larger). A tuning file is used only where it measured:
+at its rank counts, and for message sizes within the range its tune covered (recorded in the
+file); everywhere else ``auto`` keeps the built-in table.
 
 Where the table comes from, first match wins:
 
@@ -42,7 +44,16 @@ BUILTIN: Dict[int, Tuple[Tuple[int, str], ...]] = {
     8: ((0, "shared_memory"), (32 << 20, "two_shot")),
 }
 
-Table = Dict[int, Tuple[Tuple[int, str], ...]]
+Rules = Tuple[Tuple[int, str], ...]
+
+
+class Table(dict):
+    """rank count -> rules, and ``ranges[p]``: the message sizes ``(smallest, largest)`` in bytes
+    that the rules for ``p`` ranks were measured over (no entry: they stand for every size)."""
+
+    def __init__(self, rules=(), ranges: Optional[Dict[int, Tuple[int, int]]] = None):
+        super().__init__(rules)
+        self.ranges: Dict[int, Tuple[int, int]] = dict(ranges or {})
 
 
 def default_path() -> Path:
@@ -55,7 +66,10 @@ def parse(payload: dict, source: str = "tuning file") -> Table:
     """Check a tuning file's contents and turn them into a table; ``ValueError`` names the fault."""
     if not isinstance(payload, dict) or not isinstance(payload.get("rules"), dict):
         raise ValueError(f"{source}: expected a JSON object with a 'rules' object (rank count -> rules)")
-    table: Table = {}
+    table = Table()
+    measured = payload.get("measured") or {}
+    if not isinstance(measured, dict):
+        raise ValueError(f"{source}: 'measured' must be an object (rank count -> what the tune measured)")
     for key, rules in payload["rules"].items():
         if not str(key).isdigit() or int(key) < 2:
             raise ValueError(f"{source}: rank count {key!r} is not an integer >= 2")
@@ -72,6 +86,13 @@ def parse(payload: dict, source: str = "tuning file") -> Table:
         if parsed[0][0] != 0:
             raise ValueError(f"{source}: the rules for {key} ranks must start at min_bytes 0")
         table[int(key)] = tuple(parsed)
+        sizes = (measured.get(key) or {}).get("sizes") if isinstance(measured.get(key), dict) else None
+        if sizes is not None:
+            if (not isinstance(sizes, list) or len(sizes) != 2 or not all(isinstance(s, int) for s in sizes)
+                    or not 0 < sizes[0] <= sizes[1]):
+                raise ValueError(f"{source}: measured sizes for {key} ranks must be [smallest, largest] bytes, "
+                                 f"got {sizes!r}")
+            table.ranges[int(key)] = (sizes[0], sizes[1])
     if not table:
         raise ValueError(f"{source}: no rules")
     return table
@@ -85,11 +106,11 @@ def load(path: Optional[str] = None) -> Tuple[Table, str]:
     """
     chosen = path or config.read(config.TUNING)
     if chosen == "builtin":
-        return dict(BUILTIN), "builtin"
+        return Table(BUILTIN), "builtin"
     if not chosen:
         default = default_path()
         if not default.is_file():
-            return dict(BUILTIN), "builtin"
+            return Table(BUILTIN), "builtin"
         chosen = str(default)
     try:
         with open(chosen, encoding="utf-8") as handle:
@@ -117,16 +138,24 @@ def choose(nbytes: int, size: int, table: Optional[Table] = None) -> str:
 
 class Auto:
     """One communicator's ``auto``: its rank count's rules, where they came from, and the
-    choices made so far by message size (``choices``, read first by ``allreduce``)."""
+    choices made so far by message size (``choices``, read first by ``allreduce``).
 
-    __slots__ = ("rules", "starts", "source", "choices")
+    ``within``: the sizes ``(smallest, largest)`` the rules were measured over, outside which
+    ``outside`` (the built-in rules) decide; ``None``: the rules decide at every size."""
 
-    def __init__(self, rules: Sequence[Tuple[int, str]], source: str):
+    __slots__ = ("rules", "starts", "source", "choices", "within", "outside", "outside_starts")
+
+    def __init__(self, rules: Sequence[Tuple[int, str]], source: str,
+                 within: Optional[Tuple[int, int]] = None, outside: Sequence[Tuple[int, str]] = ()):
         self.rules, self.source = tuple(rules), source
         self.starts = [r[0] for r in rules]
+        self.within, self.outside = within, tuple(outside)
+        self.outside_starts = [r[0] for r in self.outside]
         self.choices: Dict[int, str] = {}
 
     def choose(self, nbytes: int) -> str:
+        if self.within is not None and not self.within[0] <= nbytes <= self.within[1]:
+            return self.outside[bisect_right(self.outside_starts, nbytes) - 1][1]
         return self.rules[bisect_right(self.starts, nbytes) - 1][1]
 
 
@@ -158,7 +187,20 @@ def _load_everywhere(lib) -> Auto:
     if isinstance(loaded, ValueError):
         raise ValueError(f"allreduce(algorithm='auto'): {loaded}")
     table, source = loaded
-    return Auto(rules_for(table, lib.nranks), source)
+    return auto_from(table, source, lib.nranks)
+
+
+def auto_from(table: Table, source: str, size: int) -> Auto:
+    """``auto`` for ``size`` ranks from a loaded table: a tuning file's rules only at the rank
+    counts and message sizes it measured, the built-in table elsewhere."""
+    builtin = rules_for(BUILTIN, size)
+    if source == "builtin":
+        return Auto(builtin, "builtin")
+    if size not in table:
+        return Auto(builtin, f"builtin ({source} has no rules for {size} ranks)")
+    within = getattr(table, "ranges", {}).get(size)
+    where = f" for {within[0]} B to {within[1]} B; built-in elsewhere" if within else ""
+    return Auto(table[size], f"{source}{where}", within, builtin)
 
 
 def source_for(lib) -> str:

@@ -86,9 +86,10 @@ def test_tune_writes_a_file_that_auto_then_reads(mpirun, tmp_path):
     ok(mpirun(2, BENCH + ["-b", "4", "-e", "1M", "-f", "32", *QUICK, "-a", "auto", "--json", out],
            env={selection.ENV: str(tuning)}, timeout=180))
     payload = json.loads(out.read_text())
-    assert payload["preamble"]["auto_table"] == str(tuning)
+    assert payload["preamble"]["auto_table"] == f"{tuning} for 4 B to 1048576 B; built-in elsewhere"
+    auto = selection.auto_from(table, str(tuning), 2)
     for row in payload["rows"]:
-        assert row["chosen"] == selection.choose(row["size"], 2, table), row
+        assert row["chosen"] == auto.choose(row["size"]) == selection.choose(row["size"], 2, table), row
 
 
 def test_auto_follows_a_hand_written_tuning_file(mpirun, tmp_path):

@@ -209,3 +209,25 @@ def test_write_refuses_bad_new_rules_and_writes_nothing(tmp_path):
     with pytest.raises(ValueError, match="bad rule"):
         selection.write(str(path), 4, [(0, "butterfly")], {})
     assert path.read_text() == before
+
+
+def test_a_tuning_file_is_used_only_at_the_rank_counts_and_sizes_it_measured(tmp_path):
+    """A 2-rank tune over 8-64 B must not decide 16 MiB, nor any size at 3, 4 or 8 ranks."""
+    path = tmp_path / "narrow.json"
+    selection.write(str(path), 2, [(0, "naive")], {"sizes": [8, 64]})
+    table, source = selection.load(str(path))
+    assert table.ranges == {2: (8, 64)}
+    at2 = selection.auto_from(table, source, 2)
+    assert [at2.choose(n) for n in (8, 32, 64)] == ["naive"] * 3
+    for nbytes in (4, 65, 16 << 20):
+        assert at2.choose(nbytes) == selection.choose(nbytes, 2), nbytes        # the built-in table's
+    assert at2.source == f"{path} for 8 B to 64 B; built-in elsewhere"
+    for ranks in (3, 4, 8):
+        other = selection.auto_from(table, source, ranks)
+        assert other.source.startswith("builtin") and str(path) in other.source
+        assert [other.choose(n) for n in (8, 16 << 20)] == [selection.choose(n, ranks) for n in (8, 16 << 20)]
+
+
+def test_measured_sizes_that_make_no_sense_are_refused():
+    with pytest.raises(ValueError, match=r"measured sizes for 2 ranks must be \[smallest, largest\]"):
+        selection.parse({"rules": {"2": [[0, "ring"]]}, "measured": {"2": {"sizes": [64, 8]}}})

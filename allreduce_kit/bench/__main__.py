@@ -288,7 +288,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             note = {"mpi_library": info["mpi_library"], "hosts": info["hosts"], "dtype": args.datatype,
                     "op": args.op, "sizes": [sizes[0], sizes[-1]], "samples": args.iters}
             selection.write(args.tune, comm.Get_size(), rules, note)
-        say(f"#\n# auto's crossover points for {comm.Get_size()} ranks, written to {args.tune}:")
+        say(f"#\n# auto's crossover points for {comm.Get_size()} ranks, measured from {human(sizes[0])} to "
+            f"{human(sizes[-1])}, written to {args.tune}; auto uses them at {comm.Get_size()} ranks and those "
+            f"sizes only (the built-in table elsewhere):")
         for start, name in rules:
             say(f"#   from {human(start):>8}: {name}")
         payload["tune"] = {"path": args.tune, "ranks": comm.Get_size(), "rules": rules}
