@@ -1,6 +1,7 @@
 """The stall inspector: a collective that waits too long for a rank names that rank and ends
 the job instead of hanging forever.
 """
+import time
 
 import pytest
 

@@ -5,6 +5,7 @@ Calls that differ between ranks are caught by ``check=True``: every rank raises.
 """
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 from allreduce_kit import allreduce
 from conftest import assert_quiet
