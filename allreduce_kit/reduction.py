@@ -1,6 +1,7 @@
 """What an algorithm applies when two partial results meet: an op bound to a rank count."""
+import weakref
 from types import ModuleType
-from typing import List, Union
+from typing import Union
 
 import numpy as np
 
@@ -67,14 +68,16 @@ class Reductions(dict):
     def __init__(self, size: int, threads: int):
         super().__init__()
         self.size, self.threads = size, threads
-        _made.append(self)
+        _made.add(self)
 
     def __missing__(self, op: str) -> Reduction:
         made = self[op] = Reduction(op, self.size, self.threads)
         return made
 
 
-_made: List[Reductions] = []
+#: Every live ``Reductions`` (a communicator's), so that ``use_kernels`` can empty them; weak,
+#: so that a freed communicator's goes with it.
+_made: "weakref.WeakSet[Reductions]" = weakref.WeakSet()
 
 
 def use_kernels(backend) -> None:
@@ -83,5 +86,5 @@ def use_kernels(backend) -> None:
     numba kernels. For measuring what the kernels buy (``bench --kernel numpy``)."""
     global _kernels
     _kernels = backend or kernels
-    for made in _made:
+    for made in list(_made):
         made.clear()
