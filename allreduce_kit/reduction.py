@@ -68,7 +68,7 @@ class Reductions(dict):
     def __init__(self, size: int, threads: int):
         super().__init__()
         self.size, self.threads = size, threads
-        _made.add(self)
+        _made[id(self)] = self
 
     def __missing__(self, op: str) -> Reduction:
         made = self[op] = Reduction(op, self.size, self.threads)
@@ -77,7 +77,7 @@ class Reductions(dict):
 
 #: Every live ``Reductions`` (a communicator's), so that ``use_kernels`` can empty them; weak,
 #: so that a freed communicator's goes with it.
-_made: "weakref.WeakSet[Reductions]" = weakref.WeakSet()
+_made: "weakref.WeakValueDictionary[int, Reductions]" = weakref.WeakValueDictionary()
 
 
 def use_kernels(backend) -> None:
@@ -86,5 +86,5 @@ def use_kernels(backend) -> None:
     numba kernels. For measuring what the kernels buy (``bench --kernel numpy``)."""
     global _kernels
     _kernels = backend or kernels
-    for made in list(_made):
+    for made in list(_made.values()):
         made.clear()

@@ -27,6 +27,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from ..kernels import reduce as _loops
+from .signature import PROBE_FIRST
 
 #: Buffers up to this many bytes take the compiled path; it allocates its receive buffer on
 #: every call, which is cheap only while small. Above it, per-call costs no longer matter.
@@ -116,8 +117,10 @@ _SENDRECV = _address_of_sendrecv()
 _TAG_INDEX = _tag_index()
 _HANDLE_BYTES = MPI._sizeof(MPI.Comm)
 _HANDLE_DTYPE = {4: np.int32, 8: np.int64}.get(_HANDLE_BYTES) if MPI._sizeof(MPI.Datatype) == _HANDLE_BYTES else None
-#: The compiled path can be used with this MPI library.
-AVAILABLE = _SENDRECV is not None and _HANDLE_DTYPE is not None and _TAG_INDEX >= 0
+#: The compiled path can be used with this MPI library. Not with Open MPI, which can write a
+#: message larger than the receive buffer past its end (``signature.PROBE_FIRST``): there a
+#: buffer whose length differs between ranks must be probed before it is received.
+AVAILABLE = not PROBE_FIRST and (_SENDRECV is not None and _HANDLE_DTYPE is not None and _TAG_INDEX >= 0)
 
 
 class Exchange:

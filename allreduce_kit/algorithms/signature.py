@@ -44,6 +44,10 @@ _CODES = {dtype: code for code, dtype in enumerate(DTYPES)}
 #: Bits of a length a tag holds exactly; set from ``MPI.TAG_UB`` on first use (MPI must be running).
 LOW_BITS = 0
 _status = MPI.Status()
+#: Open MPI (5.0, shared memory) can write a whole message into a receive buffer smaller than it
+#: instead of truncating it, so there each message's size is probed before it is received; MPICH
+#: truncates as the standard says, and receives directly.
+PROBE_FIRST = "Open MPI" in MPI.Get_library_version()
 
 
 def _low_bits() -> int:
@@ -69,6 +73,8 @@ def send(comm, buf: np.ndarray, dest: int, tag: int) -> None:
 def recv(comm, buf: np.ndarray, source: int, tag: int) -> int:
     """Receive ``source``'s message into ``buf``; return ``tag``, with ``BAD`` if the message's
     tag says the call is inconsistent or the message did not fit."""
+    if PROBE_FIRST:
+        return _probed_recv(comm, buf, source, tag)
     try:
         comm.Recv([buf, MPI.BYTE], source, MPI.ANY_TAG, _status)
     except MPI.Exception as error:
@@ -78,10 +84,27 @@ def recv(comm, buf: np.ndarray, source: int, tag: int) -> int:
 
 def sendrecv(comm, send: np.ndarray, dest: int, recv: np.ndarray, source: int, tag: int, more: int = 0) -> int:
     """``Sendrecv`` with ``tag | more`` on the message sent; the received message checked as in ``recv``."""
+    if PROBE_FIRST:
+        request = comm.Isend([send, MPI.BYTE], dest, tag | more)
+        try:
+            return _probed_recv(comm, recv, source, tag)
+        finally:
+            request.Wait()
     try:
         comm.Sendrecv([send, MPI.BYTE], dest, tag | more, [recv, MPI.BYTE], source, MPI.ANY_TAG, _status)
     except MPI.Exception as error:
         return _truncated(error, tag)
+    return tag if _status.tag & ~MORE == tag else tag | BAD
+
+
+def _probed_recv(comm, buf: np.ndarray, source: int, tag: int) -> int:
+    """``recv``, but a message larger than ``buf`` is received into a scratch buffer and dropped."""
+    message = comm.Mprobe(source, MPI.ANY_TAG, _status)
+    size = _status.Get_count(MPI.BYTE)
+    if size > buf.nbytes:
+        message.Recv([np.empty(size, np.uint8), MPI.BYTE], _status)
+        return tag | BAD
+    message.Recv([buf, MPI.BYTE], _status)
     return tag if _status.tag & ~MORE == tag else tag | BAD
 
 

@@ -167,8 +167,10 @@ def test_compiled_exchange_loop_gives_the_bits_of_the_python_loop(comm, op, monk
     """Recursive doubling runs a small buffer's exchanges in compiled code, calling the C
     ``MPI_Sendrecv`` of the MPI library mpi4py loaded; forced onto the Python loop (mpi4py's
     ``Sendrecv``), it must give bitwise the same result, for every op and dtype."""
-    from allreduce_kit.algorithms import native
+    from allreduce_kit.algorithms import native, signature
 
+    if signature.PROBE_FIRST:
+        pytest.skip("the compiled exchange is off under Open MPI (see algorithms/native.py)")
     assert native.AVAILABLE, "the compiled path finds MPI_Sendrecv in the MPI library mpi4py uses"
     for dtype in DTYPES:
         for n in (1, 3, comm.Get_size() + 1, 1000):
