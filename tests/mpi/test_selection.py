@@ -98,8 +98,10 @@ def test_a_broken_table_on_rank_zero_raises_on_every_rank(comm, tmp_path_factory
 def test_the_table_is_read_once_per_communicator(comm, tmp_path_factory, monkeypatch):
     """Changing the file after the first ``auto`` call changes nothing on that communicator;
     a new communicator reads it again."""
+    if comm.Get_size() == 1:
+        pytest.skip("auto is never consulted on one rank, and a tuning file holds no rules for it")
     path = os.path.join(shared_dir(comm, tmp_path_factory), "tuning.json")
-    p = max(comm.Get_size(), 2)
+    p = comm.Get_size()
 
     def write(name):
         if comm.Get_rank() == 0:
