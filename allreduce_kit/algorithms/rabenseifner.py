@@ -19,13 +19,7 @@ Two ways to move the ranges, the same steps and the same bits either way:
 - otherwise by messages, ``Sendrecv`` with the partner; large reduce-scatter steps go in
   cache-sized pieces when every rank has a core (``pieces.py``).
 
-Why the schedule is written twice: the direct loop is one compiled function that runs every
-step, waits on its peers' counters and folds read pieces without returning to Python, because
-``process_vm_readv`` and the counter waits can be called from compiled code but mpi4py's
-messages cannot. Driving the same steps from Python through a common transport would add a
-Python round trip per step and per piece, which at mid sizes is a large share of the call.
-The two forms take the same steps and folds in the same order, and a test checks that they
-give bitwise the same result (``tests/mpi/test_allreduce.py``).
+The schedule is written twice, as a compiled direct loop and as messages: why, in ``direct.py``.
 Either way a buffer whose length or dtype differs between ranks raises ``ValueError`` on every
 rank (``signature.py``).
 """

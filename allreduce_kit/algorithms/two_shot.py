@@ -23,13 +23,7 @@ Without direct reads it runs by messages: reduce-scatter by pairwise exchange (s
 segment of rank r-k to it, receive rank r+k's copy of segment r and fold it in), then allgather
 by pairwise exchange. Same folds in the same order, so the same bits as on one node.
 
-Why the schedule is written twice: the direct loop is one compiled function that runs every
-step, waits on its peers' counters and folds read pieces without returning to Python, because
-``process_vm_readv`` and the counter waits can be called from compiled code but mpi4py's
-messages cannot. Driving the same steps from Python through a common transport would add a
-Python round trip per step and per piece, which at mid sizes is a large share of the call.
-The two forms take the same steps and folds in the same order, and a test checks that they
-give bitwise the same result (``tests/mpi/test_allreduce.py``).
+The schedule is written twice, as a compiled direct loop and as messages: why, in ``direct.py``.
 """
 from numba import njit
 
