@@ -86,7 +86,9 @@ def test_tune_writes_a_file_that_auto_then_reads(mpirun, tmp_path):
     ok(mpirun(2, BENCH + ["-b", "4", "-e", "1M", "-f", "32", *QUICK, "-a", "auto", "--json", out],
            env={selection.ENV: str(tuning)}, timeout=180))
     payload = json.loads(out.read_text())
-    assert payload["preamble"]["auto_table"] == f"{tuning} for 4 B to 1048576 B; built-in elsewhere"
+    lo, hi = table.ranges[2]                                  # the sizes the tune measured
+    assert (lo, hi) == (4, 131072)                            # -b 4 -e 1M -f 32: 4 B ... 128 KiB
+    assert payload["preamble"]["auto_table"] == f"{tuning} for {lo} B to {hi} B; built-in elsewhere"
     auto = selection.auto_from(table, str(tuning), 2)
     for row in payload["rows"]:
         assert row["chosen"] == auto.choose(row["size"]) == selection.choose(row["size"], 2, table), row
