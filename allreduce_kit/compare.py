@@ -3,15 +3,18 @@
 Reads the ``summary`` that ``python -m allreduce_kit.train --json`` writes in both modes (the
 same keys for ``--mode sync`` and ``--mode async-ps``, see ``allreduce_kit/train/summary.py``),
 prints one row per field and one column per run, and with ``--plot`` draws the loss per epoch
-against wall time and against samples seen, every run on the same axes. It reads files only:
+against training time and against samples seen, every run on the same axes. It reads files only:
 it neither needs nor starts MPI, so it runs as one plain process.
 """
 import argparse
 import json
 import os
+import re
+import statistics
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .cli import output_problem
 from .train.summary import FIELDS
 
 
@@ -29,7 +32,7 @@ def _cell(field: str, value: Any) -> str:
         return "-"
     if field.endswith("accuracy"):
         return f"{100 * value:.2f}%"
-    if field in ("wall_seconds", "staleness_mean"):
+    if field in ("wall_seconds", "train_seconds", "staleness_mean"):
         return f"{value:.2f}"
     if field == "samples_per_second":
         return f"{value:,.0f}"
@@ -38,8 +41,21 @@ def _cell(field: str, value: Any) -> str:
     return str(value)
 
 
+def losses(run: Dict[str, Any]) -> Dict[int, float]:
+    """A run's training loss by epoch number (1-based): from its summary's ``epoch_numbers``, or its
+    per-epoch records, so that a run whose report starts after epoch 1 lines up by epoch."""
+    summary = run["summary"]
+    numbers = summary.get("epoch_numbers")
+    if numbers is None:
+        records = run.get("epochs")
+        numbers = ([int(e["epoch"]) for e in records] if isinstance(records, list)
+                   and len(records) == len(summary["loss_per_epoch"]) and all("epoch" in e for e in records)
+                   else range(1, len(summary["loss_per_epoch"]) + 1))
+    return dict(zip(numbers, summary["loss_per_epoch"]))
+
+
 def table(runs: Sequence[Dict[str, Any]], names: Sequence[str]) -> str:
-    """Fields as rows, runs as columns; then the loss of every epoch, one row per epoch."""
+    """Fields as rows, runs as columns; then the loss of every epoch, one row per epoch number."""
     rows: List[List[str]] = [["", *names]]
     for field in FIELDS:
         if field == "loss_per_epoch":
@@ -47,42 +63,85 @@ def table(runs: Sequence[Dict[str, Any]], names: Sequence[str]) -> str:
         rows.append([field.replace("_", " "), *(_cell(field, r["summary"].get(field)) for r in runs)])
     straggler = [r.get("config", {}).get("straggler") for r in runs]
     rows.append(["straggler", *("-" if not s else f"rank {s[0]} +{s[1]:g} ms" for s in straggler)])
-    for e in range(max(len(r["summary"]["loss_per_epoch"]) for r in runs)):
-        rows.append([f"loss epoch {e + 1}",
-                     *(f"{r['summary']['loss_per_epoch'][e]:.4f}" if e < len(r["summary"]["loss_per_epoch"]) else "-"
-                       for r in runs)])
+    by_epoch = [losses(r) for r in runs]
+    for e in sorted(set().union(*by_epoch)):
+        rows.append([f"loss epoch {e}", *(f"{loss[e]:.4f}" if e in loss else "-" for loss in by_epoch)])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     fmt = lambda row: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
     return "\n".join([fmt(rows[0]), fmt(["-" * w for w in widths]), *map(fmt, rows[1:])])
 
 
-def plot(path: str, runs: Sequence[Dict[str, Any]], names: Sequence[str]) -> None:
-    """Loss per epoch against cumulative wall time (left) and samples seen (right), one line per run."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def repeats(names: Sequence[str]) -> List[Tuple[str, List[int]]]:
+    """Group runs whose names differ only in a trailing ``-N`` (repeats: ``sync_p8-0``,
+    ``sync_p8-1``): ``[(group name, [indices])]`` in first-seen order."""
+    groups: Dict[str, List[int]] = {}
+    for i, name in enumerate(names):
+        groups.setdefault(re.sub(r"-\d+$", "", name), []).append(i)
+    return list(groups.items())
 
-    fig, (by_time, by_samples) = plt.subplots(1, 2, figsize=(12, 4.5 + 0.3 * len(runs)))
-    for run, name in zip(runs, names):
-        curve = run["summary"]["curve"]
-        label = f"{name} ({run['summary']['mode']}, {run['summary']['ranks']} ranks)"
-        if (run.get("config") or {}).get("straggler"):
-            label += f", straggler {run['config']['straggler'][0]}:{run['config']['straggler'][1]:g}"
-        by_time.plot(curve["seconds"], curve["loss"], marker=".", label=label)
-        by_samples.plot(curve["samples"], curve["loss"], marker=".", label=label)
-    for ax, xlabel in ((by_time, "wall time (s)"), (by_samples, "samples seen")):
+
+def _label(run: Dict[str, Any], name: str, count: int = 1) -> str:
+    summary = run["summary"]
+    label = f"{name} ({summary['mode']}, {summary['ranks']} rank{'' if summary['ranks'] == 1 else 's'}"
+    label += f", median of {count} runs)" if count > 1 else ")"
+    if (run.get("config") or {}).get("straggler"):
+        label += f", straggler {run['config']['straggler'][0]}:{run['config']['straggler'][1]:g}"
+    return label
+
+
+def _spread(values: Sequence[float]) -> Tuple[float, float, float]:
+    """median, and its distance down to the smallest and up to the largest."""
+    mid = statistics.median(values)
+    return mid, mid - min(values), max(values) - mid
+
+
+def plot(path: str, runs: Sequence[Dict[str, Any]], names: Sequence[str], median: bool = False) -> None:
+    """Write ``figure(runs, names, median)`` as a PNG to exactly ``path``."""
+    from .plots import save
+
+    save(figure(runs, names, median), path)
+
+
+def figure(runs: Sequence[Dict[str, Any]], names: Sequence[str], median: bool = False):
+    """Loss per epoch against cumulative training time (left) and samples seen (right), one line per
+    run; with ``median``, one line per group of repeats (``repeats``): at each epoch the median
+    time and loss, with bars from the smallest to the largest of the repeats."""
+    from .plots import pyplot, value_axis
+
+    plt = pyplot()
+    groups = repeats(names) if median else [(name, [i]) for i, name in enumerate(names)]
+    fig, (by_time, by_samples) = plt.subplots(1, 2, figsize=(12, 4.5 + 0.3 * len(groups)))
+    every_loss = []
+    for name, members in groups:
+        group = [runs[i] for i in members]
+        epochs = min(len(r["summary"]["curve"]["loss"]) for r in group)
+        if epochs == 0:
+            continue
+        columns = {key: [[r["summary"]["curve"][key][e] for r in group] for e in range(epochs)]
+                   for key in ("seconds", "samples", "loss")}
+        seconds, loss = map(lambda key: [_spread(v) for v in columns[key]], ("seconds", "loss"))
+        samples = [statistics.median(v) for v in columns["samples"]]
+        every_loss += [v for values in columns["loss"] for v in values]
+        label = _label(group[0], name, len(group))
+        y = [m for m, _, _ in loss]
+        yerr = [[d for _, d, _ in loss], [u for _, _, u in loss]] if len(group) > 1 else None
+        xerr = [[d for _, d, _ in seconds], [u for _, _, u in seconds]] if len(group) > 1 else None
+        drawn = by_time.errorbar([m for m, _, _ in seconds], y, xerr=xerr, yerr=yerr, marker=".", capsize=2,
+                                 elinewidth=0.8, label=label)
+        by_samples.errorbar(samples, y, yerr=yerr, marker=".", capsize=2, elinewidth=0.8, label=label,
+                            color=drawn[0].get_color())
+    for ax, xlabel in ((by_time, "training time (s, epochs' cumulative)"), (by_samples, "samples seen")):
         ax.set_xlabel(xlabel)
         ax.set_ylabel("training loss (epoch mean)")
-        ax.set_yscale("log")
+        value_axis(ax, every_loss)
         ax.grid(alpha=0.3)
-    by_time.set_title("loss against wall time")
+    by_time.set_title("loss against training time" + (" (median and range of the repeats)" if median else ""))
     by_samples.set_title("loss against samples seen")
     handles, labels = by_time.get_legend_handles_labels()
     rows = -(-len(labels) // 2)
     fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.06 * rows, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -95,7 +154,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--version", action="version", version=f"allreduce_kit {__version__}")
     parser.add_argument("runs", nargs="+", metavar="RUN.json", help="files written by allreduce_kit.train --json")
     parser.add_argument("--plot", metavar="PATH.png", default=None,
-                        help="draw loss against wall time and against samples seen (needs matplotlib)")
+                        help="draw loss against training time and against samples seen as a PNG, written to exactly "
+                             "PATH.png (a path not ending in .png is refused; needs matplotlib)")
+    parser.add_argument("--median", action="store_true",
+                        help="with --plot: draw runs whose file names differ only in a trailing -N (repeats of "
+                             "one configuration) as one line, the median per epoch with bars over their range")
     args = parser.parse_args(argv)
     runs = []
     for path in args.runs:
@@ -104,9 +167,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         except (OSError, ValueError) as error:       # json.JSONDecodeError is a ValueError
             parser.error(f"argument RUN.json: cannot read {path}: {error}")
     if args.plot:
-        folder = os.path.dirname(os.path.abspath(args.plot))
-        if not os.path.isdir(folder):
-            parser.error(f"argument --plot: directory {folder} does not exist")
+        problem = output_problem("--plot", args.plot, ".png")
+        if problem:
+            parser.error(problem)
         try:
             import matplotlib  # noqa: F401
         except ImportError:
@@ -114,7 +177,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     names = [os.path.splitext(os.path.basename(p))[0] for p in args.runs]
     print(table(runs, names), flush=True)
     if args.plot:
-        plot(args.plot, runs, names)
+        plot(args.plot, runs, names, median=args.median)
         print(f"wrote {args.plot}", flush=True)
     return 0
 

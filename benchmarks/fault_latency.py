@@ -93,12 +93,16 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 2)[2])
     parser.add_argument("--repeat", type=int, default=3, help="runs per case (default 3)")
-    parser.add_argument("--only", default=",".join(CASES), help=f"cases to run (default {','.join(CASES)})")
+    parser.add_argument("--only", default=",".join(CASES), metavar="CASE,...",
+                        help=f"comma-separated cases to run, from: {', '.join(CASES)} (default: all)")
     args = parser.parse_args()
-    chosen = args.only.split(",")
+    chosen = list(dict.fromkeys(name.strip() for name in args.only.split(",") if name.strip()))
     unknown = [name for name in chosen if name not in CASES]
-    if unknown or args.repeat < 1:
-        parser.error(f"unknown case {unknown[0]!r}; choose from {', '.join(CASES)}" if unknown else "need --repeat >= 1")
+    if unknown or not chosen:
+        parser.error(f"argument --only: unknown {', '.join(map(repr, unknown)) or 'empty list'}; "
+                     f"choose from {', '.join(CASES)}")
+    if args.repeat < 1:
+        parser.error(f"argument --repeat: must be >= 1, got {args.repeat}")
 
     failures = []
     with tempfile.TemporaryDirectory() as workdir:

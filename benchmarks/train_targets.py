@@ -69,11 +69,24 @@ def run(ranks, args, env, workdir):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--only", default="wall,yield,overhead,scaling,jitter")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=5,
+                        help="runs of each configuration, interleaved with the others'")
+    parser.add_argument("--only", default=",".join(CONFIGS), metavar="NAME,...",
+                        help=f"comma-separated groups of configurations to run, from: {', '.join(CONFIGS)} "
+                             f"(wall: the default run at 8 ranks; yield: with and without heavy yield; "
+                             f"overhead: the allreduce in the trainer against alone; scaling: 1 and 2 ranks on a "
+                             f"compute-heavy model; jitter: random delays at 2, 4 and 8 ranks)")
     args = parser.parse_args()
-    chosen = [c for name in args.only.split(",") for c in CONFIGS[name]]
+    names = [name.strip() for name in args.only.split(",") if name.strip()]
+    unknown = [name for name in names if name not in CONFIGS]
+    if unknown or not names:
+        parser.error(f"argument --only: unknown {', '.join(map(repr, unknown)) or 'empty list'}; "
+                     f"choose from {', '.join(CONFIGS)}")
+    if args.repeat < 1:
+        parser.error(f"argument --repeat: must be >= 1, got {args.repeat}")
+    chosen = [c for name in dict.fromkeys(names) for c in CONFIGS[name]]
     figures = {c[0]: [] for c in chosen}
     with tempfile.TemporaryDirectory() as workdir:
         for i in range(args.repeat):

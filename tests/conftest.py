@@ -47,6 +47,17 @@ def run_mpi(n: int, args, timeout: float, env=None, cwd=TESTS, via_mpi4py=True) 
         pytest.fail(f"{' '.join(command)} did not finish within {timeout} s (a hang?)\n{out[-5000:]}")
 
 
+def unwritable_folder(tmp: Path) -> Path:
+    """A folder this process cannot create files in: a read-only one of ours, or /sys for root
+    (root writes through permission bits, but not into sysfs)."""
+    if os.geteuid() == 0:
+        return Path("/sys")
+    locked = tmp / "locked"
+    locked.mkdir(exist_ok=True)
+    locked.chmod(0o555)
+    return locked
+
+
 @pytest.fixture
 def mpirun():
     """``mpirun(n, args, timeout=..., env=...)``: launch an MPI job as a subprocess."""

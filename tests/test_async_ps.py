@@ -15,9 +15,9 @@ from conftest import TESTS
 
 TRAIN = ["-m", "allreduce_kit.train", "--progress", "lines"]
 SMALL = ["--hidden", "32"]
-SUMMARY_KEYS = {"mode", "ranks", "workers", "wall_seconds", "samples", "samples_per_second", "updates_applied",
-                "gradients_rejected", "staleness_mean", "staleness_max", "train_accuracy", "test_accuracy",
-                "loss_per_epoch", "curve"}
+SUMMARY_KEYS = {"mode", "ranks", "workers", "wall_seconds", "train_seconds", "samples", "samples_per_second",
+                "updates_applied", "gradients_rejected", "staleness_mean", "staleness_max", "train_accuracy",
+                "test_accuracy", "loss_per_epoch", "epoch_numbers", "curve"}
 
 
 def _ok(result):

@@ -6,11 +6,13 @@ cleanly, with status 2.
 """
 import csv
 import json
+import os
 
 import pytest
 
 from allreduce_kit import selection
 from allreduce_kit.bench.sweep import available
+from conftest import TESTS, run_mpi, unwritable_folder
 
 BENCH = ["-m", "allreduce_kit.bench"]
 QUICK = ["-n", "2", "-w", "1"]
@@ -61,6 +63,19 @@ def test_table_json_and_csv_at_three_ranks(mpirun, tmp_path):
         assert r["algbw"] == pytest.approx(r["size"] / r["time_us"] / 1e3)
     with open(out_csv, newline="") as handle:
         assert len(list(csv.DictReader(handle))) == len(payload["rows"])
+    # nccl-tests' closing lines: no wrong value, and the mean bus bandwidth over the sizes per algorithm.
+    assert "# Out of bounds values : 0 OK" in result.stdout
+    closing = [line for line in result.stdout.splitlines() if line.startswith("# Avg bus bandwidth    : ")]
+    assert len(closing) == len(available())
+    for name in available():
+        mean = sum(r["busbw"] for r in payload["rows"] if r["algorithm"] == name) / len(sizes)
+        assert payload["avg_busbw"][name] == pytest.approx(mean)
+        line = next(line for line in closing if f"({name}," in line)
+        assert float(line.split(":")[1].split()[0]) == pytest.approx(mean, rel=1e-5)
+    assert f"# wrote {out_json}" in result.stdout and f"# wrote {out_csv}" in result.stdout
+    options = payload["preamble"]["options"]                      # every option, under its name
+    assert options["json"] == str(out_json) and options["csv"] == str(out_csv) and options["plot"] is None
+    assert options["minbytes"] == "4" and options["stepfactor"] == 64 and options["stall_timeout"] == 60.0
 
 
 def test_numpy_kernels_mean_of_integers_is_right(mpirun):
@@ -143,3 +158,46 @@ def test_a_broken_tuning_file_is_an_input_error(mpirun, tmp_path):
     result = mpirun(2, BENCH + ["-b", "4", "-e", "4", *QUICK], env={selection.ENV: str(tuning)}, timeout=120)
     assert result.returncode == 2 and result.stderr.count("error:") == 1 and "warp_drive" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_every_output_path_is_checked_before_measuring(tmp_path):
+    """Each case in one 2-rank job: one message from rank 0 naming the option and the path, status 2,
+    and nothing measured (without the check each would measure, then lose the results)."""
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    afile = tmp_path / "a-file"
+    afile.write_text("not a tuning file")
+    locked = unwritable_folder(tmp_path)
+    tiny = ["-b", "4", "-e", "4", "-n", "1", "-w", "1", "-a", "mpi"]
+    cases = [
+        (["--json", str(folder)], f"argument --json: {folder} is a directory"),
+        (["--csv", str(folder) + os.sep], f"argument --csv: {folder}{os.sep} is a directory"),
+        (["--csv", "/no/such/dir/rows.csv"], "argument --csv: directory /no/such/dir does not exist"),
+        (["--json", str(locked / "r.json")], f"argument --json: cannot write {locked / 'r.json'}: Permission denied"),
+        (["--plot", str(tmp_path / "bandwidth")], f"argument --plot: {tmp_path / 'bandwidth'} does not end in .png"),
+        (["--plot", str(folder / "x.png"), "--json", str(folder / "x.png")],
+         f"argument --plot: {folder / 'x.png'} is also the path of --json"),
+        (["--tune", str(folder)], f"argument --tune: {folder} is a directory"),
+        (["--tune", str(afile)], f"argument --tune: {afile} is there and is not a tuning file to add to"),
+        (["--tune", str(afile / "t.json")], f"argument --tune: cannot write {afile / 't.json'}: {afile} is not a directory"),
+        (["--fit", str(afile), "--json", str(folder)], f"argument --json: {folder} is a directory"),
+    ]
+    (tmp_path / "cases.json").write_text(json.dumps([tiny + argv for argv, _ in cases]))
+    result = run_mpi(2, [TESTS / "bad_options_driver.py", tmp_path / "cases.json", tmp_path / "out.json",
+                         "allreduce_kit.bench"], timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for (argv, message), ranks in zip(cases, json.loads((tmp_path / "out.json").read_text())):
+        for rank, record in enumerate(ranks):
+            assert record["raised"] is None and record["status"] == 2, (argv, rank, record)
+            assert "Traceback" not in record["stderr"] and record["stdout"] == "", (argv, record)
+        assert ranks[0]["stderr"].count(message) == 1 and ranks[0]["stderr"].count("error:") == 1, (argv, ranks[0])
+        assert ranks[1]["stderr"] == ""
+    assert sorted(p.name for p in folder.iterdir()) == [] and afile.read_text() == "not a tuning file"
+
+
+def test_plot_writes_exactly_the_path_it_names(mpirun, tmp_path):
+    png = tmp_path / "bandwidth.png"
+    result = ok(mpirun(2, BENCH + ["-b", "16", "-e", "64", "-f", "4", *QUICK, "-a", "ring,mpi", "--plot", png],
+                       timeout=120))
+    assert f"# wrote {png}" in result.stdout
+    assert os.listdir(tmp_path) == ["bandwidth.png"] and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

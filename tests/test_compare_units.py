@@ -5,7 +5,7 @@ import sys
 
 import numpy as np
 
-from allreduce_kit.compare import table
+from allreduce_kit.compare import figure, losses, repeats, table
 from allreduce_kit.train.staleness import StalenessLog, per_worker
 from allreduce_kit.train.summary import FIELDS, build_summary, epoch_record
 
@@ -56,3 +56,64 @@ def test_compare_rejects_a_file_without_summary(tmp_path):
     result = subprocess.run([sys.executable, "-m", "allreduce_kit.compare", str(bad), str(bad)],
                             capture_output=True, text=True, timeout=60, cwd=TESTS)
     assert result.returncode == 2 and "has no \"summary\"" in result.stderr and "Traceback" not in result.stderr
+
+
+def _compare(*args, cwd=TESTS):
+    return subprocess.run([sys.executable, "-m", "allreduce_kit.compare", *map(str, args)],
+                          capture_output=True, text=True, timeout=60, cwd=cwd)
+
+
+def test_compare_lines_epochs_up_by_number_not_by_position(tmp_path):
+    """A report that starts at epoch 2 (a run resumed from an older checkpoint) sits under epoch 2."""
+    whole = {"summary": build_summary("sync", 2, 2, _epochs([2.0, 1.0]), 20), "config": {}}
+    late = _epochs([9.0, 0.5])[1:]
+    assert late[0]["epoch"] == 2
+    resumed = {"summary": build_summary("sync", 2, 2, late, 10), "config": {}}
+    assert resumed["summary"]["epoch_numbers"] == [2]
+    rows = {line.split("  ")[0]: line.split()[-2:] for line in table([whole, resumed], ["A", "B"]).splitlines()[2:]}
+    assert rows["loss epoch 1"] == ["2.0000", "-"] and rows["loss epoch 2"] == ["1.0000", "0.5000"]
+    # A file written before the summary listed its epoch numbers: its per-epoch records say them.
+    old = {"summary": {k: v for k, v in resumed["summary"].items() if k != "epoch_numbers"}, "epochs": late}
+    assert losses(old) == {2: 0.5}
+
+
+def test_compare_plot_writes_exactly_the_png_it_names_and_refuses_other_paths(tmp_path):
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"summary": build_summary("sync", 2, 2, _epochs([2.0, 1.0]), 20)}))
+    png = tmp_path / "curves.png"
+    done = _compare(run, run, "--plot", png)
+    assert done.returncode == 0 and done.stdout.strip().endswith(f"wrote {png}"), done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["curves.png", "run.json"]
+    for bad, message in ((tmp_path / "curves", f"argument --plot: {tmp_path / 'curves'} does not end in .png"),
+                         (tmp_path, f"argument --plot: {tmp_path} is a directory"),
+                         (tmp_path / "no" / "x.png", f"argument --plot: directory {tmp_path / 'no'} does not exist")):
+        done = _compare(run, "--plot", bad)
+        assert done.returncode == 2 and done.stderr.count(message) == 1, done.stderr
+        assert "Traceback" not in done.stderr and done.stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["curves.png", "run.json"]
+
+
+def test_repeats_are_drawn_as_their_median_with_the_range():
+    """Three repeats of one configuration, one slow: the line is the median, the bars reach the slowest."""
+    repeats_ = []
+    for slow in (1.0, 4.0, 1.5):
+        epochs = _epochs([2.0 * slow, 1.0])
+        for e in epochs:
+            e["seconds"] *= slow
+        repeats_.append({"summary": build_summary("sync", 8, 8, epochs, 20)})
+    names = ["sync_p8-0", "sync_p8-1", "sync_p8-2"]
+    assert repeats(names) == [("sync_p8", [0, 1, 2])]
+    fig = figure(repeats_, names, median=True)
+    try:
+        by_time = fig.axes[0]
+        [line] = by_time.get_lines()[:1]
+        assert list(line.get_xdata()) == [1.5, 3.0]                # median cumulative seconds: 1, 1.5, 4 and 2, 3, 8
+        assert list(line.get_ydata()) == [3.0, 1.0]                # median loss: 2, 3, 8 and 1, 1, 1
+        ranges = [c for c in by_time.collections]                  # the bars: min to max, in x and in y
+        spans = sorted(tuple(sorted(round(v, 6) for v in segment[:, 0])) for c in ranges for segment in c.get_segments()
+                       if segment[0, 1] == segment[1, 1] and segment[0, 0] != segment[1, 0])  # horizontal
+        assert spans == [(1.0, 4.0), (2.0, 8.0)]
+        assert "median of 3 runs" in by_time.get_legend_handles_labels()[1][0]
+    finally:
+        import matplotlib.pyplot as plt
+        plt.close(fig)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from allreduce_kit.train import checkpoint
-from conftest import TESTS, mpiexec, run_mpi
+from conftest import TESTS, mpiexec, run_mpi, unwritable_folder
 
 TRAIN = ["-m", "allreduce_kit.train"]
 SMALL = ["--hidden", "32", "--batch-size", "16", "--progress", "lines"]
@@ -184,6 +184,8 @@ def _bad_cases(tmp: Path):
     afile.write_text("not a directory")
     empty = tmp / "empty"
     empty.mkdir()
+    locked = unwritable_folder(tmp)
+    quick = ["--max-steps", "2", "--hidden", "8"]   # without the check these would train, then lose the results
     return [
         ("epochs-0", ["--epochs", "0"], "argument --epochs: must be >= 1, got '0'"),
         ("epochs-text", ["--epochs", "many"], "argument --epochs: expected an integer, got 'many'"),
@@ -204,7 +206,7 @@ def _bad_cases(tmp: Path):
         ("dataset", ["--dataset", "imagenet"], "argument --dataset: invalid choice: 'imagenet'"),
         ("samples-1", ["--dataset", "synthetic", "--samples", "1"], "argument --samples: must be >= 2, got '1'"),
         ("more-ranks-than-samples", ["--dataset", "synthetic", "--samples", "2", "--test-fraction", "0.5"],
-         "argument --samples: 1 training samples cannot give each of 2 ranks a shard"),
+         "argument --samples: 1 training sample cannot give each of 2 ranks a shard"),
         ("features-0", ["--dataset", "synthetic", "--features", "0"], "argument --features: must be >= 1, got '0'"),
         ("classes-1", ["--dataset", "synthetic", "--classes", "1"], "argument --classes: must be >= 2, got '1'"),
         ("test-fraction-0", ["--test-fraction", "0"], "argument --test-fraction: must be > 0.0, got '0'"),
@@ -222,6 +224,19 @@ def _bad_cases(tmp: Path):
         ("progress", ["--progress", "fancy"], "argument --progress: invalid choice: 'fancy'"),
         ("json-dir", ["--json", "/no/such/dir/run.json"], "argument --json: directory /no/such/dir does not exist"),
         ("plot-dir", ["--plot", "/no/such/dir/run.png"], "argument --plot: directory /no/such/dir does not exist"),
+        ("json-is-a-directory", ["--json", str(empty)] + quick, f"argument --json: {empty} is a directory"),
+        ("json-ends-in-a-separator", ["--json", str(tmp / "out") + os.sep] + quick,
+         f"argument --json: {tmp / 'out'}{os.sep} ends in a separator, naming a directory"),
+        ("json-unwritable", ["--json", str(locked / "run.json")] + quick,
+         f"argument --json: cannot write {locked / 'run.json'}: Permission denied"),
+        ("json-under-a-file", ["--json", str(afile / "run.json")] + quick,
+         f"argument --json: cannot write {afile / 'run.json'}: {afile} is not a directory"),
+        ("plot-is-a-directory", ["--plot", str(empty)] + quick, f"argument --plot: {empty} is a directory"),
+        ("plot-without-png", ["--plot", str(tmp / "curves")] + quick,
+         f"argument --plot: {tmp / 'curves'} does not end in .png (the file is written as PNG to exactly the path "
+         f"given)"),
+        ("json-and-plot-one-file", ["--json", str(tmp / "both.png"), "--plot", str(tmp / "both.png")] + quick,
+         f"argument --plot: {tmp / 'both.png'} is also the path of --json"),
         ("checkpoint-dir-file", ["--checkpoint-dir", str(afile)],
          f"argument --checkpoint-dir: {afile} exists and is not a directory"),
         ("checkpoint-dir-under-file", ["--checkpoint-dir", str(afile / "sub")],
@@ -241,11 +256,16 @@ def _bad_cases(tmp: Path):
     ]
 
 
-BAD_CHECKPOINTS = ("resume-truncated", "resume-flipped-byte", "resume-other-model", "resume-other-rank-count")
+BAD_CHECKPOINTS = ("resume-truncated", "resume-flipped-byte", "resume-other-model", "resume-other-rank-count",
+                   "resume-other-seed", "resume-other-test-fraction", "resume-other-dataset",
+                   "resume-other-synthetic-samples", "resume-async-ps-checkpoint", "async-ps-into-sync-checkpoints",
+                   "sync-into-async-ps-checkpoints")
 
 
-def _bad_checkpoints(tmp: Path, good: Path):
-    """Copies of a good checkpoint directory with the newest file spoiled in each way, and their cases."""
+def _bad_checkpoints(tmp: Path, good: Path, synthetic: Path, ps: Path):
+    """Copies of a good checkpoint directory with the newest file spoiled in each way, and their cases;
+    and runs that do not fit the checkpoints in ``good``, ``synthetic`` (``--dataset synthetic
+    --samples 600``) and ``ps`` (an async-ps run's), both written at step 4 by the job that runs the cases."""
     newest = Path(checkpoint.latest(str(good)))
     older = Path(checkpoint.listing(str(good))[0][1]).name
     cases = []
@@ -277,6 +297,27 @@ def _bad_checkpoints(tmp: Path, good: Path):
     checkpoint.save(str(directory), 8, arrays, {**meta, "ranks": 3})
     cases.append(("resume-other-rank-count", ["--resume", "--checkpoint-dir", str(directory)] + SMALL,
                   f"--resume: {path} was written by a job of 3 ranks with --batch-size 16; this job has 2 ranks"))
+    # What changes the data is refused, naming both values (the good run had the defaults).
+    resume = ["--resume", "--checkpoint-dir", str(good)] + SMALL
+    newest_good = checkpoint.latest(str(good))
+    for case, option, was, now in (("resume-other-seed", "--seed", "0", "7"),
+                                   ("resume-other-test-fraction", "--test-fraction", "0.2", "0.5"),
+                                   ("resume-other-dataset", "--dataset", "digits", "synthetic")):
+        cases.append((case, resume + [option, now],
+                      f"--resume: {newest_good} was written by a run with {option} {was}; this run has {option} {now}"))
+    cases.append(("resume-other-synthetic-samples",
+                  ["--resume", "--checkpoint-dir", str(synthetic), "--dataset", "synthetic", "--samples", "800"] + SMALL,
+                  f"--resume: {synthetic / checkpoint.name_for(4)} was written by a run with --samples 600; this run "
+                  f"has --samples 800"))
+    # A checkpoint of the other mode: named as such, at --resume and before mixing checkpoints.
+    cases.append(("resume-async-ps-checkpoint", ["--resume", "--checkpoint-dir", str(ps)] + SMALL,
+                  f"--resume: {ps / checkpoint.name_for(4)} was written by a --mode async-ps run"))
+    cases.append(("async-ps-into-sync-checkpoints", ["--mode", "async-ps", "--checkpoint-dir", str(good), "--max-steps",
+                                                     "2"] + SMALL,
+                  f"argument --checkpoint-dir: {good} holds checkpoints of a --mode sync run "
+                  f"({os.path.basename(newest_good)}); this --mode async-ps run would mix its own in"))
+    cases.append(("sync-into-async-ps-checkpoints", ["--checkpoint-dir", str(ps), "--max-steps", "2"] + SMALL,
+                  f"argument --checkpoint-dir: {ps} holds checkpoints of a --mode async-ps run"))
     return cases
 
 
@@ -284,15 +325,21 @@ def _bad_checkpoints(tmp: Path, good: Path):
 def bad_runs(tmp_path_factory):
     """Every bad case run in one 2-rank job: {id: (message, [record of rank 0, record of rank 1])}."""
     tmp = tmp_path_factory.mktemp("bad")
-    good = tmp / "good"
+    good, synthetic, ps = tmp / "good", tmp / "synthetic", tmp / "ps"
     _ok(run_mpi(2, TRAIN + SMALL + ["--max-steps", "8", "--checkpoint-dir", good, "--checkpoint-every", "4"],
                 timeout=120))
-    cases = _bad_cases(tmp) + _bad_checkpoints(tmp, good)
-    (tmp / "cases.json").write_text(json.dumps([argv for _, argv, _ in cases]))
+    # The checkpoints the other cases need, made in the same job as the cases (each must succeed).
+    setup = [SMALL + ["--max-steps", "4", "--checkpoint-dir", str(synthetic), "--dataset", "synthetic", "--samples",
+                      "600"],
+             SMALL + ["--max-steps", "4", "--checkpoint-dir", str(ps), "--mode", "async-ps"]]
+    cases = _bad_cases(tmp) + _bad_checkpoints(tmp, good, synthetic, ps)
+    (tmp / "cases.json").write_text(json.dumps(setup + [argv for _, argv, _ in cases]))
     result = run_mpi(2, [TESTS / "bad_options_driver.py", tmp / "cases.json", tmp / "out.json"], timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     records = json.loads((tmp / "out.json").read_text())
-    return {case[0]: (case[2], ranks) for case, ranks in zip(cases, records)}
+    for argv, ranks in zip(setup, records):
+        assert [r["status"] for r in ranks] == [0, 0] and not any(r["raised"] for r in ranks), (argv, ranks)
+    return {case[0]: (case[2], ranks) for case, ranks in zip(cases, records[len(setup):])}
 
 
 def _ids():

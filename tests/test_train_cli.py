@@ -5,11 +5,15 @@ epochs. Nothing here compares timings: ``benchmarks/`` measures them.
 """
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
+from allreduce_kit.algorithms import ALGORITHMS
 from conftest import TESTS
 
 TRAIN = ["-m", "allreduce_kit.train"]
@@ -38,7 +42,18 @@ def test_small_run_prints_once_and_writes_json_and_plot(mpirun, tmp_path):
     for row in report["straggler"]["ranks"]:
         assert {"host", "compute_p50_ms", "compute_p95_ms", "allreduce_p50_ms", "wait_p50_ms",
                 "slowest_share", "score"} <= set(row)
-    assert png.stat().st_size > 10_000
+        # One naming scheme, quantity_unit_statistic, beside the names kept for readers of older files.
+        for quantity in ("compute", "allreduce", "step", "wait"):
+            assert row[f"{quantity}_ms_p50"] == row[f"{quantity}_p50_ms"]
+        assert row["compute_ms_p95"] == row["compute_p95_ms"]
+    straggler = report["straggler"]
+    assert straggler["skew_ms_p50"] == straggler["other_ms_p50"]
+    assert f"+ skew {straggler['skew_ms_p50']:.2f} ms" in text                    # the text's name is the JSON's
+    # Which algorithm auto ran, per bucket, in the header and the JSON.
+    ran = report["bucket_algorithms"]
+    assert len(ran) == report["buckets"] == 1 and ran[0] in ALGORITHMS
+    assert f"algorithm auto, ran {ran[0]}" in text
+    assert f"wrote {png}" in text and png.stat().st_size > 10_000               # exactly the path it names
     alone = report["allreduce_alone"]
     assert alone["calls"] == 5 and alone["transfer_ms_p50"] > 0 and alone["bare_loop_transfer_ms_p50"] > 0
     assert "alone back to back" in text
@@ -59,21 +74,50 @@ def test_injected_straggler_is_named(mpirun, tmp_path):
     assert [row["rank"] for row in slow["ranks"]] == [0, 1, 2]
 
 
-def test_resume_reaches_the_same_parameters_as_an_uninterrupted_run(mpirun, tmp_path):
+def _history(run):
+    """What a resumed run must report as the uninterrupted one does: everything but timings."""
+    epochs = [{k: e[k] for k in ("epoch", "steps", "loss", "train_accuracy", "test_accuracy", "samples", "lr")}
+              for e in run["epochs"]]
+    summary = {k: run["summary"].get(k) for k in ("samples", "updates_applied", "loss_per_epoch", "epoch_numbers",
+                                               "train_accuracy", "test_accuracy")}
+    return epochs, summary, run["summary"]["curve"]["samples"], run["steps"], run["params_digest"]
+
+
+def test_resume_reaches_the_same_parameters_and_history_as_an_uninterrupted_run(mpirun, tmp_path):
+    """2 ranks, 45 steps per epoch. From a checkpoint inside epoch 1 (step 44), one written at the end
+    of a run cut short inside epoch 2 (50) and one at an epoch's end (45), the resumed run reports
+    what the uninterrupted run reports, timings aside: per-epoch records, counters, epoch numbers."""
     common = TRAIN + SMALL + ["--epochs", "2", "--progress", "lines", "--jitter-ms", "1"]
     _ok(mpirun(2, common + ["--json", tmp_path / "whole.json"], timeout=120))
+    whole = json.loads((tmp_path / "whole.json").read_text())
+    assert [e["epoch"] for e in whole["epochs"]] == [1, 2] and whole["steps"] == 90
     ckpt = tmp_path / "ckpt"
-    _ok(mpirun(2, common + ["--max-steps", "60", "--checkpoint-dir", ckpt, "--checkpoint-every", "25",
+    _ok(mpirun(2, common + ["--max-steps", "50", "--checkpoint-dir", ckpt, "--checkpoint-every", "22",
                             "--keep-checkpoints", "2"], timeout=120))
-    assert sorted(os.listdir(ckpt)) == ["checkpoint-000000050.npz", "checkpoint-000000060.npz"]
+    assert sorted(os.listdir(ckpt)) == ["checkpoint-000000044.npz", "checkpoint-000000050.npz"]
     resumed = _ok(mpirun(2, common + ["--checkpoint-dir", ckpt, "--resume", "--json", tmp_path / "resumed.json"],
                          timeout=120))
-    assert "resumed at step 60" in resumed.stdout
-    a, b = (json.loads((tmp_path / f).read_text()) for f in ("whole.json", "resumed.json"))
-    assert a["steps"] == b["steps"] > 60
-    assert a["params_digest"] == b["params_digest"]
+    assert "resumed at step 50" in resumed.stdout
+    b = json.loads((tmp_path / "resumed.json").read_text())
+    assert _history(b) == _history(whole)
+    # The same from the checkpoint inside epoch 1, and one written at an epoch's end (save every 45).
+    older = tmp_path / "older"
+    older.mkdir()
+    shutil.copy(ckpt / "checkpoint-000000044.npz", older)
+    _ok(mpirun(2, common + ["--checkpoint-dir", older, "--resume", "--json", tmp_path / "from44.json"], timeout=120))
+    assert _history(json.loads((tmp_path / "from44.json").read_text())) == _history(whole)
+    edge = tmp_path / "edge"
+    _ok(mpirun(2, common + ["--max-steps", "45", "--checkpoint-dir", edge, "--checkpoint-every", "45"], timeout=120))
+    _ok(mpirun(2, common + ["--checkpoint-dir", edge, "--resume", "--json", tmp_path / "from45.json"], timeout=120))
+    assert _history(json.loads((tmp_path / "from45.json").read_text())) == _history(whole)
+    # compare lines the epochs up: the resumed run's epoch 2 beside the whole run's epoch 2.
+    table = _ok(subprocess.run([sys.executable, "-m", "allreduce_kit.compare", tmp_path / "whole.json",
+                                tmp_path / "resumed.json"], capture_output=True, text=True, timeout=60, cwd=TESTS))
+    rows = {line.split("  ")[0]: line.split()[-2:] for line in table.stdout.splitlines()[2:]}
+    for e in (1, 2):
+        assert rows[f"loss epoch {e}"] == [f"{whole['epochs'][e - 1]['loss']:.4f}"] * 2
     again = _ok(mpirun(2, common + ["--checkpoint-dir", ckpt, "--resume"], timeout=120))
-    assert f"nothing to train: the checkpoint is at step {a['steps']}" in again.stdout
+    assert f"nothing to train: the checkpoint is at step {whole['steps']}" in again.stdout
 
 
 @pytest.mark.parametrize("args,message", [
@@ -106,6 +150,37 @@ def test_help_lists_every_option_with_its_default():
         assert option in text, option
     assert "(0: off) (default: $ALLREDUCE_KIT_STALL_TIMEOUT, else 60)" in text and "(default: abort)" in text
     assert "(default: 40)" in text and "(default: auto)" in text and "(default: digits)" in text
+
+
+def test_a_one_rank_run_says_what_it_did_in_words_and_records_every_option(tmp_path):
+    """Singular nouns for 1, the whole run's wall time, and every option in the config (null where it
+    does not apply)."""
+    out = tmp_path / "one.json"
+    begun = time.perf_counter()
+    result = _one_process(["--hidden", "8", "--max-steps", "1", "--progress", "lines", "--gather-every", "1",
+                           "--json", str(out)])
+    elapsed = time.perf_counter() - begun
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    text = result.stdout
+    assert "1 rank on 1 host" in text and "after 1 step |" in text and "straggler report over 1 step " in text
+    assert "summary (sync, 1 rank," in text and "1 update applied" in text
+    assert not re.search(r"\b1 (ranks|hosts|steps|buckets|updates|gradients|calls)\b", text), text
+    report = json.loads(out.read_text())
+    summary = report["summary"]
+    # Wall time: the whole command (start-up, data, warm-up, training), not only the epochs' loop.
+    assert summary["train_seconds"] == sum(e["seconds"] for e in report["epochs"])
+    assert summary["train_seconds"] < summary["wall_seconds"] <= elapsed
+    from allreduce_kit.train.__main__ import build_parser
+    options = {a.dest for a in build_parser()._actions if a.dest not in ("help", "version")}
+    config = report["config"]
+    assert options <= set(config), options - set(config)
+    assert config["json"] == str(out) and config["progress"] == "lines" and config["stall_timeout"] == 60.0
+    assert config["max_steps"] == 1 and config["gather_every"] == 1
+    for idle in ("servers", "max_staleness", "worker_timeout", "inject_fault",   # --mode async-ps only
+                 "samples", "features", "classes",                              # synthetic only
+                 "checkpoint_every", "keep_checkpoints",                        # --checkpoint-dir only
+                 "warmup_epochs"):                                              # --lr-scaling linear only
+        assert config[idle] is None, idle
 
 
 def test_a_run_imports_only_what_it_uses():

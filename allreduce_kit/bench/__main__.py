@@ -27,13 +27,14 @@ from mpi4py import MPI  # noqa: E402
 from .. import kernels, selection, stall  # noqa: E402
 from ..cli import settings_problem  # noqa: E402
 from ..algorithms import direct
-from ..cli import RankZeroParser, say, write_json
+from ..cli import RankZeroParser, output_problem, outputs_problem, plural, say, write_json
 from ..comm import library_comm
 from ..launch import check_launch
 from ..reduction import OPS, use_kernels
 from ..threads import limit_threads
 from . import fit as cost
 from . import output
+from ..plots import mpi_name
 from .plot import have_matplotlib, plot
 from .sweep import available, ratios, sweep
 from .timing import MAX_BATCH, SAMPLE_SECONDS
@@ -88,9 +89,12 @@ def build_parser() -> RankZeroParser:
                              f"(1 to {MAX_BATCH})")
     parser.add_argument("--kernel", default="numba", choices=("numba", "numpy"),
                         help="do the reduction step with the numba kernels or plain numpy")
-    parser.add_argument("--json", metavar="PATH", help="write the preamble, every row and the ratios as JSON")
+    parser.add_argument("--json", metavar="PATH", help="write the preamble, every row and the ratios as JSON "
+                                                        "(every output path is checked before measuring)")
     parser.add_argument("--csv", metavar="PATH", help="write every row as CSV")
-    parser.add_argument("--plot", metavar="PATH.png", help="plot busbw and time against size (needs matplotlib)")
+    parser.add_argument("--plot", metavar="PATH.png", help="plot busbw and time against size as a PNG, written to "
+                                                          "exactly PATH.png (a path not ending in .png is refused; "
+                                                          "needs matplotlib)")
     parser.add_argument("--tune", metavar="PATH", nargs="?", const=str(selection.default_path()),
                         help=f"write auto's crossover points for this rank count to PATH (default: "
                              f"{selection.default_path()}; auto reads $ALLREDUCE_KIT_TUNING if set)")
@@ -138,6 +142,29 @@ def check_args(parser: RankZeroParser, args) -> None:
         parser.error("--tune: -a must name at least one algorithm other than auto (auto is what it tunes)")
     if args.plot and not have_matplotlib():
         parser.error("--plot needs matplotlib: pip install 'allreduce_kit[plot]'")
+
+
+def tune_file_problem(path: str) -> Optional[str]:
+    """Why ``--tune PATH`` could not be written after measuring, or None: the file (whose folders
+    are created) must be writable, and one already there must be a tuning file (its other rank
+    counts' rules are kept)."""
+    problem = output_problem("--tune", path, make_parents=True)
+    if problem or not os.path.exists(path):
+        return problem
+    try:
+        with open(path, encoding="utf-8") as handle:
+            selection.parse(json.load(handle), f"tuning file {path}")
+    except (OSError, ValueError) as error:
+        return f"argument --tune: {path} is there and is not a tuning file to add to ({error}); move it away"
+    return None
+
+
+def avg_busbw(rows) -> dict:
+    """nccl-tests' closing figure per algorithm: the mean bus bandwidth over the sizes (GB/s)."""
+    by_name: dict = {}
+    for row in rows:
+        by_name.setdefault(row.algorithm, []).append(row.busbw)
+    return {name: float(np.mean(values)) for name, values in by_name.items()}
 
 
 def agree(comm: MPI.Intracomm, problem: Optional[str]) -> None:
@@ -209,6 +236,7 @@ def preamble(comm: MPI.Intracomm, args, threads: int, auto_source: str) -> dict:
     p = comm.Get_size()
     info = {
         "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
+        "mpi_name": mpi_name(MPI.Get_library_version()),
         "mpi4py": __import__("mpi4py").__version__,
         "ranks": p, "hosts": hosts, "numba_threads_per_rank": threads, "kernel": args.kernel,
         "dtype": args.datatype, "op": args.op, "min_bytes": args.low, "max_bytes": args.high,
@@ -218,10 +246,10 @@ def preamble(comm: MPI.Intracomm, args, threads: int, auto_source: str) -> dict:
         "timing": "per sample: restore input (untimed), barrier, then batch back-to-back calls, barrier (untimed); time per call = "
                   "slowest rank's; median, min and max over samples",
     }
-    say(f"# {PROG}: allreduce, {p} ranks on {len(hosts)} host(s) ({', '.join(hosts)})")
-    say(f"# MPI: {info['mpi_library']} (mpi4py {info['mpi4py']})")
+    say(f"# {PROG}: allreduce, {plural(p, 'rank')} on {plural(len(hosts), 'host')} ({', '.join(hosts)})")
+    say(f"# MPI: {info['mpi_name']} (mpi4py {info['mpi4py']})")
     say(f"# dtype {args.datatype}, op {args.op}, {human(args.low)} to {human(args.high)} x{args.stepfactor}; "
-        f"reduction kernels: {args.kernel}, {threads} thread(s) per rank")
+        f"reduction kernels: {args.kernel}, {plural(threads, 'thread')} per rank")
     say(f"# {args.warmup_iters} warm-up calls, then {args.iters} timed samples per row; a sample is a barrier and "
         f"then {'%d calls' % args.batch if args.batch else f'as many calls as fit in {SAMPLE_SECONDS * 1e3:g} ms at the fastest warm-up pace of the size, the same for every algorithm (1..{MAX_BATCH}; --json has each)'}"
         f" back to back, then a barrier again (untimed)")
@@ -249,14 +277,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.names, args.low, args.high = [], 0, 0
         if args.tune:
             parser.error("--fit with files only reads them; --tune measures: use one at a time")
+        agree(comm, output_problem("--json", args.json) if comm.Get_rank() == 0 else None)
         return fit_files(comm, args)
     check_args(parser, args)
     problem = settings_problem()
     if comm.Get_rank() == 0:
-        for flag in ("json", "csv", "plot"):  # fail now, not after an hour of measuring
-            path = getattr(args, flag)
-            if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-                problem = f"--{flag}: the folder of {path} does not exist"
+        # Every output checked now, not after an hour of measuring.
+        problem = problem or outputs_problem((("--json", args.json), ("--csv", args.csv),
+                                              ("--plot", args.plot, ".png")))
+        if not problem and args.tune:
+            problem = tune_file_problem(args.tune)
         try:  # a bad tuning file named by the environment is an input error, not a crash
             selection.load()
         except ValueError as error:
@@ -274,22 +304,29 @@ def main(argv: Optional[List[str]] = None) -> int:
     kernels.warm_up([dtype], [args.op])
     lib = library_comm(comm)
     info = preamble(comm, args, threads, selection.source_for(lib))
+    # Every option as typed or defaulted, under its name (the preamble's fields say what they meant).
+    info["options"] = {a.dest: getattr(args, a.dest) for a in parser._actions if a.dest not in ("help", "version")}
+    info["options"]["stall_timeout"] = stall.default_timeout_now()
     say(output.header())
     rows = sweep(comm, sizes, dtype, args.op, args.names, args.iters, args.warmup_iters, args.batch,
                  on_row=lambda row: say(output.line(row)), mpi_direct=not args.tune)
     table = ratios(rows)
     say(output.summary(table))
+    wrong = sum(row.wrong for row in rows)
+    average = avg_busbw(rows)
+    say(output.closing(wrong, average))
 
     payload = {"preamble": info, "rows": [r.as_dict() for r in rows],
-               "ratios": {str(s): v for s, v in table.items()}}
+               "ratios": {str(s): v for s, v in table.items()},
+               "wrong_total": wrong, "avg_busbw": average}
     if args.tune:
         rules = crossovers(rows)
         if comm.Get_rank() == 0:
             note = {"mpi_library": info["mpi_library"], "hosts": info["hosts"], "dtype": args.datatype,
                     "op": args.op, "sizes": [sizes[0], sizes[-1]], "samples": args.iters}
             selection.write(args.tune, comm.Get_size(), rules, note)
-        say(f"#\n# auto's crossover points for {comm.Get_size()} ranks, measured from {human(sizes[0])} to "
-            f"{human(sizes[-1])}, written to {args.tune}; auto uses them at {comm.Get_size()} ranks and those "
+        say(f"#\n# auto's crossover points for {plural(comm.Get_size(), 'rank')}, measured from {human(sizes[0])} to "
+            f"{human(sizes[-1])}, written to {args.tune}; auto uses them at {plural(comm.Get_size(), 'rank')} and those "
             f"sizes only (the built-in table elsewhere):")
         for start, name in rules:
             say(f"#   from {human(start):>8}: {name}")
@@ -299,11 +336,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             payload.update(report_fit(payload["rows"], args))
         if args.json:
             write_json(args.json, payload)
+            print(f"# wrote {args.json}", flush=True)
         if args.csv:
             output.write_csv(args.csv, rows)
+            print(f"# wrote {args.csv}", flush=True)
         if args.plot:
-            plot(args.plot, rows, f"allreduce, {comm.Get_size()} ranks, {args.datatype} {args.op} "
-                                  f"({info['mpi_library'][:40]})")
+            plot(args.plot, rows, f"allreduce, {comm.Get_size()} rank{'' if comm.Get_size() == 1 else 's'}, "
+                                  f"{args.datatype} {args.op} ({info['mpi_name']})")
+            print(f"# wrote {args.plot}", flush=True)
     comm.Barrier()
     return 0
 

@@ -38,6 +38,15 @@ def summary(ratios: Dict[int, dict]) -> str:
     return "\n".join(lines)
 
 
+def closing(wrong: int, avg_busbw: Dict[str, float]) -> str:
+    """nccl-tests' closing lines: the wrong values over the whole run, and the average bus bandwidth
+    over the sizes, one line per algorithm (the figure after the colon, as scripts parse it)."""
+    lines = ["#", f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}"]
+    for name, value in avg_busbw.items():
+        lines.append(f"# Avg bus bandwidth    : {value:.6g} ({name}, GB/s, mean over the sizes)")
+    return "\n".join(lines)
+
+
 def write_csv(path: str, rows: Sequence[Row]) -> None:
     """One row per table line, the table's columns plus the ones the table leaves out."""
     fields = list(Row.__dataclass_fields__)

@@ -2,6 +2,10 @@
 
 Run ``python -m allreduce_kit.train --help`` for the options; docs/training.md explains the output.
 """
+import time
+
+STARTED = time.perf_counter()                          # the summary's wall time counts from here
+
 if __name__ == "__main__":  # abort-on-error and heavy yield, asked for before MPI starts
     from ..run import prepare
 
@@ -18,7 +22,7 @@ from mpi4py import MPI  # noqa: E402
 from .. import run, stall  # noqa: E402
 from ..cli import settings_problem  # noqa: E402
 from ..algorithms import ALGORITHMS
-from ..cli import RankZeroParser, is_root, say, write_json
+from ..cli import RankZeroParser, is_root, outputs_problem, plural, say, write_json
 from ..launch import check_launch
 from ..threads import limit_threads
 from . import checkpoint, report
@@ -105,7 +109,8 @@ def build_parser() -> RankZeroParser:
     g.add_argument("--algorithm", choices=("auto", *ALGORITHMS), default=d.algorithm,
                    help="allreduce algorithm (auto: the library's choice for the size)")
     g.add_argument("--bucket-mb", type=_at_least(0.0, float), default=d.bucket_mb,
-                   help="reduce the fused gradient in buckets of at most this many MB (0: one bucket)")
+                   help="reduce the fused gradient in buckets of at most this many MB of 10^6 bytes (0: one "
+                        "bucket); PyTorch's bucket_cap_mb counts MiB of 2^20 bytes")
     g = p.add_argument_group("stragglers and timing")
     g.add_argument("--straggler", type=_straggler, default=None, metavar="RANK:MS",
                    help="add MS milliseconds to RANK's compute every step")
@@ -118,14 +123,20 @@ def build_parser() -> RankZeroParser:
     g = p.add_argument_group("output")
     g.add_argument("--progress", choices=("auto", "bar", "lines"), default="auto",
                    help="auto: a tqdm bar on a terminal, plain per-epoch lines otherwise (async-ps: lines)")
-    g.add_argument("--json", metavar="PATH", default=None, help="write config, per-epoch metrics and the report here")
+    g.add_argument("--json", metavar="PATH", default=None,
+                   help="write config, per-epoch metrics and the report to this file (checked before training)")
     g.add_argument("--plot", metavar="PATH.png", default=None,
-                   help="draw per-rank compute/transfer/wait bars and the step-time timeline (needs matplotlib)")
+                   help="draw per-rank compute/transfer/wait bars and the step-time timeline as a PNG, written to "
+                        "exactly PATH.png (a path not ending in .png is refused; needs matplotlib)")
     g = p.add_argument_group("checkpoints")
     g.add_argument("--checkpoint-dir", metavar="DIR", default=None, help="where rank 0 writes checkpoint-STEP.npz files")
     g.add_argument("--checkpoint-every", type=_at_least(0), default=d.checkpoint_every, metavar="N",
                    help="save every N steps (0: only at the end), atomically")
-    g.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in DIR")
+    g.add_argument("--resume", action="store_true",
+                   help="continue from the newest checkpoint in DIR, with its history (per-epoch metrics, "
+                        "counters); it must come from a --mode sync run with the same data (--dataset, --seed, "
+                        "--test-fraction; for synthetic also --samples, --features, --classes), model, rank "
+                        "count and batch size")
     add_reliability_options(p)
     async_main.add_arguments(p, _at_least)             # --mode, --servers, --max-staleness, ...
     return p
@@ -153,14 +164,22 @@ def add_reliability_options(p: RankZeroParser) -> None:
 def _reliability_problems(args, ranks: int) -> Optional[str]:
     """Checks of the reliability options that need the rank count or the file system (rank 0's verdict)."""
     if args.inject_nan and args.inject_nan[0] >= ranks:
-        return (f"argument --inject-nan: rank {args.inject_nan[0]} does not exist in a job of {ranks} ranks "
+        return (f"argument --inject-nan: rank {args.inject_nan[0]} does not exist in a job of {plural(ranks, 'rank')} "
                 f"(0..{ranks - 1})")
     if args.checkpoint_dir is not None:
         if not args.checkpoint_dir:
             return "argument --checkpoint-dir: expected a directory, got an empty string"
         if is_root() and not (args.resume and not os.path.lexists(args.checkpoint_dir)):
             problem = checkpoint.directory_problem(args.checkpoint_dir)   # --resume reports a missing one
-            return problem and f"argument --checkpoint-dir: {problem}"
+            if problem:
+                return f"argument --checkpoint-dir: {problem}"
+            # Checkpoints of the other mode would be mixed with this run's and the oldest deleted
+            # (--keep-checkpoints); --resume from one is refused by the trainer, naming the mode.
+            newest = None if args.resume else checkpoint.newest_mode(args.checkpoint_dir)
+            if newest and newest[1] != args.mode:
+                return (f"argument --checkpoint-dir: {args.checkpoint_dir} holds checkpoints of a --mode {newest[1]} "
+                        f"run ({os.path.basename(newest[0])}); this --mode {args.mode} run would mix its own in and "
+                        f"delete the oldest: give it another directory")
     return None
 # -- end of the reliability block ---------------------------------------------------------------
 
@@ -172,7 +191,7 @@ def _problems(args, ranks: int) -> Optional[str]:
     if args.test_fraction >= 1:
         return f"argument --test-fraction: must be < 1, got {args.test_fraction}"
     if args.straggler and args.straggler[0] >= ranks:
-        return f"argument --straggler: rank {args.straggler[0]} does not exist in a job of {ranks} ranks (0..{ranks - 1})"
+        return f"argument --straggler: rank {args.straggler[0]} does not exist in a job of {plural(ranks, 'rank')} (0..{ranks - 1})"
     if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
         return f"argument {'--resume' if args.resume else '--checkpoint-every'}: needs --checkpoint-dir"
     total = 1797 if args.dataset == "digits" else args.samples
@@ -180,19 +199,31 @@ def _problems(args, ranks: int) -> Optional[str]:
     if test < 1:
         return f"argument --test-fraction: {args.test_fraction} of {total} samples leaves no test sample"
     if total - test < ranks:
-        return (f"argument {'--test-fraction' if args.dataset == 'digits' else '--samples'}: {total - test} "
-                f"training samples cannot give each of {ranks} ranks a shard")
+        return (f"argument {'--test-fraction' if args.dataset == 'digits' else '--samples'}: "
+                f"{plural(total - test, 'training sample')} cannot give each of {ranks} ranks a shard")
     if not is_root():
         return None
-    for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            return f"argument {flag}: directory {os.path.dirname(os.path.abspath(path))} does not exist"
+    problem = outputs_problem((("--json", args.json), ("--plot", args.plot, ".png")))
+    if problem:
+        return problem
     if args.plot:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             return "argument --plot: matplotlib is not installed; pip install 'allreduce_kit[plot]' (or matplotlib)"
     return None
+
+
+def _algorithm_note(algorithm: str, ran: List[str]) -> str:
+    """``auto, ran ring``: the algorithm asked for and, for auto, what it chose per bucket size."""
+    if algorithm != "auto":
+        return algorithm
+    if set(ran) <= {"none"}:
+        return "auto (nothing to send at 1 rank)"
+    counts = {name: ran.count(name) for name in dict.fromkeys(ran)}
+    if len(counts) == 1:
+        return f"auto, ran {ran[0]}"
+    return "auto, ran " + ", ".join(f"{name} ({plural(n, 'bucket')})" for name, n in counts.items())
 
 
 def _yield_note() -> str:
@@ -227,7 +258,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     threads = limit_threads(comm)
     config = config_from(args)
     if args.mode == "async-ps":                        # the parameter-server run
-        return async_main.main(args, config, threads, _yield_note(), comm)
+        return async_main.main(args, config, threads, _yield_note(), comm, parser, STARTED)
     try:
         trainer = Trainer(config, comm)
     except ResumeError as error:
@@ -242,16 +273,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     yield_state = os.environ.get(run.HEAVY_YIELD, "unset")
     yield_note = _yield_note()
     d = trainer.data
-    say(f"allreduce_kit.train: {ranks} ranks on {len(set(trainer.hosts))} host(s), {threads} thread(s) per rank, {yield_note}")
+    say(f"allreduce_kit.train: {plural(ranks, 'rank')} on {plural(len(set(trainer.hosts)), 'host')}, "
+        f"{plural(threads, 'thread')} per rank, {yield_note}")
     say(f"data: {d.name}, {len(d.y_train)} train / {len(d.y_test)} test samples, {d.features} features, "
-        f"{d.classes} classes; {trainer.steps_per_epoch} steps per epoch on shards of {len(d.y_train) // ranks}")
+        f"{d.classes} classes; {plural(trainer.steps_per_epoch, 'step')} per epoch on shards of {len(d.y_train) // ranks}")
     say(f"model: MLP {trainer.model.describe()}, {trainer.model.size:,} parameters, one {config.dtype} "
-        f"gradient buffer of {trainer.model.grads.nbytes / 1e6:.2f} MB in {trainer.buckets} bucket(s); "
+        f"gradient buffer of {trainer.model.grads.nbytes / 1e6:.2f} MB in {plural(trainer.buckets, 'bucket')}; "
         f"batch {config.batch_size}/rank ({config.batch_size * ranks} global"
         + (f"; --batch-size {args.batch_size} is more than a rank's shard" if args.batch_size > config.batch_size else "")
         + f"), lr {config.lr}"
         f"{' x ' + str(ranks) + ' (linear scaling)' if config.lr_scaling == 'linear' else ''}, "
-        f"algorithm {config.algorithm}" + (f"; resumed at step {trainer.step}" if config.resume else ""))
+        f"algorithm {_algorithm_note(config.algorithm, trainer.bucket_algorithms)}"
+        + (f"; resumed at step {trainer.step}" if config.resume else ""))
     if trainer.step >= trainer.total_steps():
         say(f"nothing to train: the checkpoint is at step {trainer.step} and this run ends at step "
             f"{trainer.total_steps()}; raise --epochs (or --max-steps) to continue")
@@ -294,15 +327,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     if is_root():
         s = result["straggler"]
         acc = result["test_accuracy"]
-        say(f"test accuracy {100 * acc:.2f}% after {result['steps']} steps | "
+        say(f"test accuracy {100 * acc:.2f}% after {plural(result['steps'], 'step')} | "
             f"{result['samples_per_second']:,.0f} samples/s | {result['train_seconds']:.1f} s training")
-        say(f"replicas bitwise identical on all {ranks} ranks: {'yes' if result['replicas_identical'] else 'NO'}"
+        say(f"replicas bitwise identical on {'the 1 rank' if ranks == 1 else f'all {ranks} ranks'}: "
+            f"{'yes' if result['replicas_identical'] else 'NO'}"
             f" (parameters blake2b {result['params_digest']})")
         if result["skipped_steps"]:
             say(f"skipped the update of {len(result['skipped_steps'])} step(s) with a non-finite averaged gradient "
                 f"(--on-nonfinite skip): {result['skipped_steps'][:20]}")
         if s["steps"]:
-            say(f"\nstraggler report over {s['steps']} steps (records gathered every {config.gather_every} steps):")
+            say(f"\nstraggler report over {plural(s['steps'], 'step')} (records gathered every "
+                f"{plural(config.gather_every, 'step') if config.gather_every > 1 else 'step'}"
+                f"{'' if s['steps'] == result['steps'] else '; timings of this run only, not of the steps before --resume'}):")
             say(report.headline(s))
             say(report.straggler_table(s))
         if alone:
@@ -312,14 +348,16 @@ def main(argv: Optional[List[str]] = None) -> int:
             bare = alone["bare_loop_transfer_ms_p50"]
             alone["bare_loop_ratio"] = s["transfer_ms_p50"] / bare if bare > 0 else float("nan")
             say(f"\nallreduce of the {trainer.model.grads.nbytes / 1e6:.2f} MB gradient, transfer (median of"
-                f" {alone['calls']} calls): in the trainer {s['transfer_ms_p50']:.3f} ms; alone back to back"
+                f" {plural(alone['calls'], 'call')}): in the trainer {s['transfer_ms_p50']:.3f} ms; alone back to back"
                 f" {alone['transfer_ms_p50']:.3f} ms (p10-p90 {alone['transfer_ms_p10']:.3f}-"
                 f"{alone['transfer_ms_p90']:.3f}), ratio {ratio:.3f}; in a bare compute-then-average loop"
                 f" {bare:.3f} ms, ratio {alone['bare_loop_ratio']:.3f}")
         # the summary both modes share (summary.py), printed and under "summary" in --json
-        shared = build_summary("sync", ranks, ranks, result["epochs"], result["steps"])
+        shared = build_summary("sync", ranks, ranks, result["epochs"], result["updates_applied"],
+                               wall_seconds=time.perf_counter() - STARTED)
         say(summary_lines(shared))
-        payload = {"config": {**config.as_dict(), "mode": "sync", "batch_size_requested": args.batch_size},
+        payload = {"config": {**async_main.recorded_config(parser, args, config), "mode": "sync",
+                              "batch_size_requested": args.batch_size},
                    "threads_per_rank": threads,
                    "heavy_yield": yield_state, "stall_timeout": stall.default_timeout_now(),
                    **result, "allreduce_alone": alone, "summary": shared}

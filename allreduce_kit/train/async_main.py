@@ -11,11 +11,13 @@ import dataclasses
 import gc
 import os
 import sys
+import time
 from typing import AbstractSet, Any, Callable, Dict, Optional
 
 from mpi4py import MPI
 
-from ..cli import RankZeroParser, is_root, say, write_json
+from .. import stall
+from ..cli import RankZeroParser, is_root, plural, say, write_json
 from . import report, staleness
 from .async_ps import Options, run
 from .data import shard_batch
@@ -29,6 +31,31 @@ ASYNC_ONLY = ("servers", "max_staleness", "worker_timeout", "inject_fault")
 #: learning-rate schedule and the non-finite-gradient handling.
 SYNC_ONLY = ("lr_scaling", "warmup_epochs", "algorithm", "bucket_mb", "gather_every", "bench_allreduce",
              "checkpoint_every", "resume", "on_nonfinite", "inject_nan")
+
+
+#: Options that apply only to the synthetic data set (digits has its own sizes) ...
+SYNTHETIC_ONLY = ("samples", "features", "classes")
+#: ... and only with --checkpoint-dir.
+CHECKPOINT_ONLY = ("checkpoint_every", "keep_checkpoints")
+
+
+def recorded_config(parser: argparse.ArgumentParser, args: argparse.Namespace, config: Config) -> Dict[str, Any]:
+    """The run's options for ``--json``: every option of the command line under its destination's
+    name, with the value the run used (``config``'s, e.g. the batch lowered to the shard; the
+    stall timeout in effect); an option that does not apply to this run (the other mode's, the
+    synthetic data set's sizes on digits, checkpoint options without --checkpoint-dir, the
+    warm-up without --lr-scaling linear) is recorded as null."""
+    values = {a.dest: getattr(args, a.dest) for a in parser._actions if a.dest not in ("help", "version")}
+    values.update(config.as_dict())
+    values["stall_timeout"] = stall.default_timeout_now()
+    idle = set(ASYNC_ONLY if args.mode == "sync" else SYNC_ONLY)
+    if config.dataset != "synthetic":
+        idle.update(SYNTHETIC_ONLY)
+    if not config.checkpoint_dir:
+        idle.update(CHECKPOINT_ONLY)
+    if config.lr_scaling != "linear":
+        idle.add("warmup_epochs")
+    return {name: None if name in idle else value for name, value in values.items()}
 
 
 def _fault(text: str):
@@ -91,8 +118,12 @@ def problems(args, ranks: int) -> Optional[str]:
     return None
 
 
-def main(args, config: Config, threads: int, yield_note: str, comm: MPI.Intracomm = MPI.COMM_WORLD) -> int:
-    """Run async-ps with the parsed ``args``; print and write the report on rank 0. Returns the exit status."""
+def main(args, config: Config, threads: int, yield_note: str, comm: MPI.Intracomm = MPI.COMM_WORLD,
+         parser: Optional[argparse.ArgumentParser] = None, started: Optional[float] = None) -> int:
+    """Run async-ps with the parsed ``args``; print and write the report on rank 0. Returns the exit status.
+
+    ``parser`` (which parsed ``args``) lets ``--json`` record every option; ``started``
+    (``time.perf_counter()`` at the command's start) makes the summary's wall time the whole run's."""
     ranks = comm.Get_size()
     options = Options(servers=args.servers, max_staleness=args.max_staleness,
                       worker_timeout=args.worker_timeout, fault=args.inject_fault)
@@ -101,11 +132,11 @@ def main(args, config: Config, threads: int, yield_note: str, comm: MPI.Intracom
     # A gradient takes at most a worker's shard (a larger --batch-size would repeat samples in it).
     config = dataclasses.replace(config, batch_size=shard_batch(len(dataset.y_train), ranks - k, config.batch_size))
     servers = "parameter server rank 0" if k == 1 else f"parameter servers ranks 0..{k - 1}"
-    say(f"allreduce_kit.train --mode async-ps: {ranks} ranks; {servers}, workers ranks {k}..{ranks - 1}; "
-        f"{threads} thread(s) per rank, {yield_note}")
+    say(f"allreduce_kit.train --mode async-ps: {plural(ranks, 'rank')}; {servers}, workers ranks {k}..{ranks - 1}; "
+        f"{plural(threads, 'thread')} per rank, {yield_note}")
     budget = config.epochs * ((len(dataset.y_train) // (ranks - k)) * (ranks - k))
     say(f"data: {dataset.name}, {len(dataset.y_train)} train / {len(dataset.y_test)} test samples; budget "
-        f"{config.epochs} epoch(s) = {budget:,} samples" + (f" or {config.max_steps} gradients" if config.max_steps else "")
+        f"{plural(config.epochs, 'epoch')} = {plural(budget, 'sample')}" + (f" or {plural(config.max_steps, 'gradient')}" if config.max_steps else "")
         + f", {config.batch_size} per gradient"
         + (f" (--batch-size {args.batch_size} is more than a worker's shard)" if args.batch_size > config.batch_size else ""))
     bound = "unbounded" if options.max_staleness is None else f"at most {options.max_staleness} (older gradients rejected)"
@@ -117,8 +148,11 @@ def main(args, config: Config, threads: int, yield_note: str, comm: MPI.Intracom
     result = run(config, options, comm, dataset, on_epoch=lambda e: say(report.epoch_line(e, config.epochs)))
     if not is_root():
         return 0
+    if started is not None:
+        result["summary"]["wall_seconds"] = time.perf_counter() - started
     print_report(result)
-    payload = {"config": {**config.as_dict(), "mode": "async-ps", "batch_size_requested": args.batch_size,
+    recorded = recorded_config(parser, args, config) if parser is not None else config.as_dict()
+    payload = {"config": {**recorded, "mode": "async-ps", "batch_size_requested": args.batch_size,
                           **options.as_dict()}, "threads_per_rank": threads,
                "heavy_yield": os.environ.get("MPIR_CVAR_ENABLE_HEAVY_YIELD", "unset"), **result}
     if args.json:

@@ -39,6 +39,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..abort import abort_job, end_job, flush_for_launcher
+from ..cli import plural
 from . import checkpoint, data
 from .model import MLP
 from .optimizer import SGD
@@ -258,14 +259,14 @@ class ParameterServer:
         for w in self.s.workers:
             if w not in self.done_workers and now - self.heard[w] > timeout:
                 self._abort(f"worker rank {w} has sent nothing for {now - self.heard[w]:.1f} s (last message "
-                            f"{self.heard[w] - self.start:.2f} s into the run, after {self.pushes[w]} gradients); "
+                            f"{self.heard[w] - self.start:.2f} s into the run, after {plural(self.pushes[w], 'gradient')}); "
                             f"presumed dead (--worker-timeout {timeout:g})")
 
     def _on_failed(self, src: int, nbytes: int) -> None:
         text = np.zeros(max(nbytes, 1), dtype=np.uint8)
         self.comm.Recv(text[:nbytes], source=src, tag=TAG_FAILED)
         self._say_aborting(f"worker rank {src} failed {time.perf_counter() - self.start:.2f} s into the run, after "
-                           f"{self.pushes[src]} gradients: {bytes(text[:nbytes]).decode(errors='replace')}")
+                           f"{plural(self.pushes[src], 'gradient')}: {bytes(text[:nbytes]).decode(errors='replace')}")
         self.comm.Send(self._int1, dest=src, tag=TAG_ACK)  # only once the report is out: the worker then aborts too
         end_job(1)
 
@@ -353,7 +354,7 @@ class Worker:
             if self.fault[1] == "hang":
                 while True:                       # stops talking; the server's timeout must notice
                     time.sleep(1.0)
-            raise RuntimeError(f"injected fault: worker rank {self.rank} crashed after {self.pushed} gradients")
+            raise RuntimeError(f"injected fault: worker rank {self.rank} crashed after {plural(self.pushed, 'gradient')}")
 
     def _report(self, text: str) -> None:
         """Send the error to server 0 and give it up to 10 s to acknowledge (it then aborts the job)."""

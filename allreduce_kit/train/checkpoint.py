@@ -181,3 +181,22 @@ def load(path: str) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
     if checksum(fields, record) != stored:
         raise CheckpointError(f"{path} is corrupted: its checksum does not match its contents")
     return fields, meta
+
+
+def mode_of(meta: Dict[str, Any]) -> str:
+    """The ``--mode`` of the run that wrote a checkpoint with this record (``sync`` records none)."""
+    return str(meta.get("mode", "sync"))
+
+
+def newest_mode(directory: str) -> Optional[Tuple[str, str]]:
+    """``(path, mode)`` of the newest checkpoint in ``directory``, or None if it holds none or cannot
+    be read (``load`` then says why, when it matters). Reads the record only, unverified."""
+    try:
+        path = latest(directory)
+        if path is None:
+            return None
+        with np.load(path, allow_pickle=False) as data:
+            meta = json.loads(str(data["meta"]))
+        return (path, mode_of(meta)) if isinstance(meta, dict) else None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError):
+        return None

@@ -12,7 +12,7 @@ def headline(s: Dict[str, Any]) -> str:
     """One line: the step time, what it is made of, and what waiting for the slowest rank costs."""
     return (f"step {s['step_ms_p50']:.2f} ms (median): slowest rank's compute {s['slowest_compute_ms_p50']:.2f} ms"
             f" + transfer {s['transfer_ms_p50']:.2f} ms + update {s['update_ms_p50']:.2f} ms"
-            f" + skew {s['other_ms_p50']:.2f} ms; a rank waits {s['wait_ms_p50']:.2f} ms per step for the"
+            f" + skew {s['skew_ms_p50']:.2f} ms; a rank waits {s['wait_ms_p50']:.2f} ms per step for the"
             f" slowest (median of the ranks' mean), {100 * s['wait_share']:.1f}%"
             f" of the run's rank-time lost to waiting; most often slowest: rank {s['slowest_rank']}")
 
@@ -20,9 +20,9 @@ def headline(s: Dict[str, Any]) -> str:
 def straggler_table(s: Dict[str, Any]) -> str:
     """A row per rank: host, compute p50/p95, allreduce p50, wait p50, share slowest, score."""
     head = ["rank", "host", "compute p50", "compute p95", "allreduce p50", "wait p50", "slowest", "score"]
-    rows: List[List[str]] = [[str(r["rank"]), r["host"], f"{r['compute_p50_ms']:.2f} ms",
-                              f"{r['compute_p95_ms']:.2f} ms", f"{r['allreduce_p50_ms']:.2f} ms",
-                              f"{r['wait_p50_ms']:.2f} ms", f"{100 * r['slowest_share']:.0f}%",
+    rows: List[List[str]] = [[str(r["rank"]), r["host"], f"{r['compute_ms_p50']:.2f} ms",
+                              f"{r['compute_ms_p95']:.2f} ms", f"{r['allreduce_ms_p50']:.2f} ms",
+                              f"{r['wait_ms_p50']:.2f} ms", f"{100 * r['slowest_share']:.0f}%",
                               f"{r['score']:.2f}"] for r in s["ranks"]]
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
     fmt = lambda cells: "  ".join(c.rjust(w) if i != 1 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
@@ -30,34 +30,43 @@ def straggler_table(s: Dict[str, Any]) -> str:
 
 
 def plot(path: str, result: Dict[str, Any]) -> None:
-    """Per-rank compute, transfer and wait as stacked bars, and the step-time timeline, to ``path``."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Per-rank compute, transfer and wait as stacked bars, and the step-time timeline, as a PNG at ``path``."""
+    from ..plots import save
 
+    save(figure(result), path)
+
+
+def figure(result: Dict[str, Any]):
+    """The figure ``plot`` writes: bars with their legend below them; step times on a linear axis
+    in ms when they span less than 10x (else log), with plain tick labels."""
+    from ..plots import integer_axis, legend_below, pyplot, value_axis
+
+    plt = pyplot()
     s = result["straggler"]
     ranks = [r["rank"] for r in s["ranks"]]
-    compute = [r["compute_p50_ms"] for r in s["ranks"]]
-    wait = [r["wait_p50_ms"] for r in s["ranks"]]
-    transfer = [max(r["allreduce_p50_ms"] - r["wait_p50_ms"], 0.0) for r in s["ranks"]]
-    fig, (bars, line) = plt.subplots(1, 2, figsize=(12, 4.5))
+    compute = [r["compute_ms_p50"] for r in s["ranks"]]
+    wait = [r["wait_ms_p50"] for r in s["ranks"]]
+    transfer = [max(r["allreduce_ms_p50"] - r["wait_ms_p50"], 0.0) for r in s["ranks"]]
+    fig, (bars, line) = plt.subplots(1, 2, figsize=(12, 4.8))
     bars.bar(ranks, compute, label="compute")
     bars.bar(ranks, transfer, bottom=compute, label="transfer")
     bars.bar(ranks, wait, bottom=[c + t for c, t in zip(compute, transfer)], label="wait for slowest")
     bars.set_xlabel("rank")
     bars.set_ylabel("ms per step (median)")
     bars.set_xticks(ranks)
+    bars.set_ylim(0, 1.08 * max([c + t + w for c, t, w in zip(compute, transfer, wait)] + [1e-9]))
     bars.set_title("where each rank's step goes")
-    bars.legend()
-    line.plot(range(1, len(s["step_ms"]) + 1), s["step_ms"], lw=0.8)
+    value_axis(bars, [0.0])                          # plain ticks on a linear axis from 0
+    legend_below(bars)
+    line.plot(range(1, len(s["step_ms"]) + 1), s["step_ms"], lw=0.8, label="step time")
     line.axhline(s["step_ms_p50"], color="k", ls="--", lw=0.8, label=f"median {s['step_ms_p50']:.2f} ms")
     line.set_xlabel("step")
     line.set_ylabel("step time (ms, mean over ranks)")
-    line.set_yscale("log")
+    value_axis(line, s["step_ms"])
+    integer_axis(line)
     line.set_title("step time")
-    line.legend()
-    fig.suptitle(f"allreduce_kit.train: {result['ranks']} ranks, {result['model']} MLP, "
-                 f"{100 * (result['test_accuracy'] or 0):.1f}% test accuracy")
+    legend_below(line, columns=2)
+    fig.suptitle(f"allreduce_kit.train: {result['ranks']} rank{'' if result['ranks'] == 1 else 's'}, "
+                 f"{result['model']} MLP, {100 * (result['test_accuracy'] or 0):.1f}% test accuracy")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig

@@ -72,7 +72,7 @@ def analyse(records: np.ndarray, hosts: List[str]) -> Dict:
     fastest = compute_p50.min()
     per_rank = []
     for r in range(ranks):
-        per_rank.append({
+        row = {
             "rank": r,
             "host": hosts[r] if r < len(hosts) else "?",
             "compute_p50_ms": float(compute_p50[r]),
@@ -82,7 +82,12 @@ def analyse(records: np.ndarray, hosts: List[str]) -> Dict:
             "wait_p50_ms": float(np.median(wait[:, r])),
             "slowest_share": float(np.mean(slowest == r)),
             "score": float(fastest / compute_p50[r]) if compute_p50[r] > 0 else 1.0,
-        })
+        }
+        # The same figures named as everywhere else in the report: quantity, unit, statistic.
+        for quantity in ("compute", "allreduce", "step", "wait"):
+            row[f"{quantity}_ms_p50"] = row[f"{quantity}_p50_ms"]
+        row["compute_ms_p95"] = row["compute_p95_ms"]
+        per_rank.append(row)
     busy = (compute + allreduce + update).sum()
     return {
         "steps": int(steps),
@@ -91,6 +96,7 @@ def analyse(records: np.ndarray, hosts: List[str]) -> Dict:
         "transfer_ms_p50": float(np.median(transfer)),
         "update_ms_p50": float(np.median(update)),
         "other_ms_p50": float(np.median(other)),
+        "skew_ms_p50": float(np.median(other)),             # the same, under the name the report prints
         "wait_ms_mean": float(wait.mean()),
         "wait_ms_p50": float(np.median(wait.mean(axis=1))),     # per step, the ranks' mean wait
         "wait_share": float(wait.sum() / busy) if busy > 0 else 0.0,

@@ -2,8 +2,9 @@
 
 One step on every rank: forward and backward on the local batch into the flat gradient buffer,
 ``average_buffer`` (``allreduce(op="mean")`` per bucket), then the same SGD update everywhere,
-so the replicas stay bitwise identical. The trainer never chooses or knows the algorithm
-(``algorithm`` is passed through to ``allreduce``; "auto" lets the library pick).
+so the replicas stay bitwise identical. The trainer never chooses the algorithm (``algorithm``
+is passed through to ``allreduce``; "auto" lets the library pick); for its report it asks the
+library afterwards what ``auto`` picked for each bucket's size.
 """
 import hashlib
 import time
@@ -13,7 +14,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
+from .. import selection
+from ..cli import plural
 from ..collective import allreduce
+from ..comm import library_comm
 from ..params import average_buffer, bucket_bounds, broadcast_parameters
 from . import checkpoint, data
 from .model import MLP
@@ -59,6 +63,12 @@ class Config:
 
 class ResumeError(Exception):
     """The checkpoint to resume from is missing or does not fit this run (same on every rank)."""
+
+
+#: What decides the data, its split and its order: a checkpoint's step means the same samples only
+#: if these are the same. (option, Config field, only for the synthetic data set)
+DATA_OPTIONS = (("--dataset", "dataset", False), ("--seed", "seed", False), ("--test-fraction", "test_fraction", False),
+                ("--samples", "samples", True), ("--features", "features", True), ("--classes", "classes", True))
 
 
 class NonFiniteError(Exception):
@@ -116,7 +126,11 @@ class Trainer:
         self.saved_step = -1
         self.nan_at = config.inject_nan[1] if config.inject_nan and config.inject_nan[0] == self.rank else 0
         self.history: List[Dict[str, Any]] = []
-        self.buckets = len(bucket_bounds(self.model.size, self.model.dtype.itemsize, config.bucket_mb))
+        # The epoch under way (its sums so far on this rank, its clock), and one carried over in a checkpoint.
+        self._open: Optional[Dict[str, Any]] = None
+        self._carried: Optional[Dict[str, Any]] = None
+        self.bounds = bucket_bounds(self.model.size, self.model.dtype.itemsize, config.bucket_mb)
+        self.buckets = len(self.bounds)
         if config.resume:
             self._resume()
         # One untimed pass first: the first compute, collective and update pay for loading
@@ -127,6 +141,16 @@ class Trainer:
                        algorithm=config.algorithm)
         self.optimizer.warm_up()
         self.comm.Barrier()
+        #: The algorithm each bucket's allreduce runs: ``auto``'s choice by size (for the report).
+        self.bucket_algorithms = self._algorithms_ran()
+
+    def _algorithms_ran(self) -> List[str]:
+        if self.ranks == 1:
+            return ["none"] * self.buckets               # one rank: allreduce has nothing to send
+        if self.config.algorithm != "auto":
+            return [self.config.algorithm] * self.buckets
+        lib = library_comm(self.comm)                    # auto's table is loaded: the warm-up average used it
+        return [selection.choose_for(lib, (stop - start) * self.model.dtype.itemsize) for start, stop in self.bounds]
 
     # -- one step ---------------------------------------------------------------------------
     def train_step(self, idx: np.ndarray) -> Tuple[float, int]:
@@ -170,34 +194,50 @@ class Trainer:
             epoch, first = divmod(self.step, self.steps_per_epoch)
             batches = data.epoch_batches(len(self.data.y_train), self.ranks, self.rank,
                                          cfg.batch_size, cfg.seed, epoch)
-            sums = np.zeros(5, dtype=np.float64)        # loss, correct, samples, test correct, test samples
-            start = time.perf_counter()
+            sums = np.zeros(3, dtype=np.float64)        # this rank's loss sum, correct, samples
+            carried, counted_from = 0.0, first          # steps before this run count if a checkpoint carried them
+            if self._carried is not None and self._carried["epoch"] == epoch:
+                sums[:] = self._carried["sums"]
+                carried, counted_from = self._carried["seconds"], 0
+            self._carried = None
+            self._open = {"epoch": epoch, "sums": sums, "start": time.perf_counter() - carried, "end": None}
             for i in range(first, len(batches)):
                 if self.step >= total:
                     break
                 loss, correct = self.train_step(batches[i])
-                sums[:3] += (loss, correct, len(batches[i]))
-                if cfg.checkpoint_dir and cfg.checkpoint_every > 0 and self.step % cfg.checkpoint_every == 0:
-                    self.save_checkpoint()
+                sums += (loss, correct, len(batches[i]))
+                if self._checkpoint_due() and i + 1 < len(batches):
+                    self.save_checkpoint()               # within the epoch: with its sums so far
                 if on_step:
                     on_step(i + 1)
-            elapsed = time.perf_counter() - start
-            self.history.append(self._epoch_metrics(epoch, sums, elapsed, self.step - epoch * self.steps_per_epoch - first))
+            self._open["end"] = time.perf_counter()
+            elapsed = self._open["end"] - self._open["start"]
+            self.history.append(self._epoch_metrics(epoch, sums, elapsed,
+                                                    self.step - epoch * self.steps_per_epoch - counted_from))
             if on_epoch:
                 on_epoch(self.history[-1])
+            if self.step % self.steps_per_epoch == 0 and self._checkpoint_due():
+                self.save_checkpoint()                   # at the epoch's end: after its record, which it keeps
         self.timer.flush()
         if cfg.checkpoint_dir and self.saved_step != self.step:
             self.save_checkpoint()
         return self.results()
 
+    def _checkpoint_due(self) -> bool:
+        cfg = self.config
+        return bool(cfg.checkpoint_dir) and cfg.checkpoint_every > 0 and self.step % cfg.checkpoint_every == 0
+
     def _epoch_metrics(self, epoch: int, sums: np.ndarray, elapsed: float, steps: int) -> Dict[str, Any]:
+        """The epoch's record from this rank's ``sums`` (left as they are: a checkpoint may still need them)."""
         test = slice(self.rank, None, self.ranks)
-        sums[3] = self.model.evaluate(self.data.X_test[test], self.data.y_test[test])
-        sums[4] = len(self.data.y_test[test])
-        allreduce(sums, op="sum", comm=self.comm)
+        totals = np.zeros(5, dtype=np.float64)         # loss, correct, samples, test correct, test samples
+        totals[:3] = sums
+        totals[3] = self.model.evaluate(self.data.X_test[test], self.data.y_test[test])
+        totals[4] = len(self.data.y_test[test])
+        allreduce(totals, op="sum", comm=self.comm)
         seconds = float(self.comm.bcast(elapsed, root=0))
         lr = learning_rate(self.config.lr, self.ranks, self.config.lr_scaling, self.warmup_steps, max(self.step - 1, 0))
-        return epoch_record(epoch, steps, *sums, seconds, lr)
+        return epoch_record(epoch, steps, *totals, seconds, lr)
 
     # -- the end ----------------------------------------------------------------------------
     def replicas_identical(self) -> Tuple[bool, str]:
@@ -216,7 +256,9 @@ class Trainer:
             "parameters": self.model.size,
             "model": self.model.describe(),
             "buckets": self.buckets,
+            "bucket_algorithms": self.bucket_algorithms,
             "steps": self.step,
+            "updates_applied": self.step - len(self.skipped_steps),
             "epochs": self.history,
             "test_accuracy": self.history[-1]["test_accuracy"] if self.history else None,
             "samples_per_second": samples / seconds if seconds > 0 else 0.0,
@@ -273,15 +315,36 @@ class Trainer:
             self.comm.Free()
 
     # -- checkpoints ------------------------------------------------------------------------
+    def _open_epoch(self) -> Optional[Tuple[List[float], float]]:
+        """The epoch under way at this step, if some but not all of its steps are done: this rank's
+        sums so far (loss, correct, samples) and the seconds it has taken so far."""
+        epoch, into = divmod(self.step, self.steps_per_epoch)
+        if into == 0:
+            return None
+        for state in (self._open, self._carried):
+            if state is not None and state["epoch"] == epoch:
+                seconds = (state["end"] or time.perf_counter()) - state["start"] if "start" in state else state["seconds"]
+                return state["sums"].tolist(), seconds
+        return None
+
     def save_checkpoint(self) -> None:
-        """Rank 0 writes parameters, velocity, step and every rank's jitter RNG state (collective)."""
-        states = self.comm.gather(self.jitter_rng.bit_generator.state, root=0)
+        """Rank 0 writes parameters, velocity, step, every rank's jitter RNG state and the history (collective).
+
+        The history is every finished epoch's record and, if the step falls inside an epoch, every
+        rank's sums of that epoch so far and its seconds: a run resumed from it reports what the
+        uninterrupted run reports (losses, accuracies, samples, steps; not its timings)."""
+        now = self._open_epoch()
+        gathered = self.comm.gather((self.jitter_rng.bit_generator.state, None if now is None else now[0]), root=0)
         if self.rank == 0:
+            done = self.step // self.steps_per_epoch
             meta = {"ranks": self.ranks, "batch_size": self.config.batch_size, "widths": self.model.widths,
-                    "dtype": self.model.dtype.name, "seed": self.config.seed,
+                    "dtype": self.model.dtype.name, "seed": self.config.seed, "mode": "sync",
                     "data_rng": {"scheme": "permutation of epoch e drawn from numpy default_rng([seed, 3, e])",
                                  "seed": self.config.seed},
-                    "jitter_rng_states": states, "skipped_steps": self.skipped_steps,
+                    "jitter_rng_states": [state for state, _ in gathered], "skipped_steps": self.skipped_steps,
+                    "history": [e for e in self.history if e["epoch"] <= done],
+                    "open_epoch": None if now is None else {"epoch": done, "sums": [sums for _, sums in gathered],
+                                                            "seconds": now[1]},
                     "config": self.config.as_dict()}
             checkpoint.save(self.config.checkpoint_dir, self.step,
                             {"params": self.model.params, "velocity": self.optimizer.velocity}, meta,
@@ -290,6 +353,20 @@ class Trainer:
 
     def _mismatch(self, path: str, meta: Dict[str, Any], arrays: Dict[str, np.ndarray]) -> Optional[str]:
         """Why the checkpoint at ``path`` does not fit this run, or None."""
+        mode = checkpoint.mode_of(meta)
+        if mode != "sync":
+            return (f"{path} was written by a --mode {mode} run (a parameter server's final parameters, with no "
+                    f"position in the data order of --mode sync), and --resume continues --mode sync checkpoints "
+                    f"only")
+        saved = meta.get("config") or {}
+        for option, field, synthetic_only in DATA_OPTIONS:
+            if synthetic_only and (saved.get("dataset") != "synthetic" or self.config.dataset != "synthetic"):
+                continue
+            if field in saved and saved[field] != getattr(self.config, field):
+                return (f"{path} was written by a run with {option} {saved[field]}; this run has {option} "
+                        f"{getattr(self.config, field)}, which changes the data (its split into training and test "
+                        f"samples, or their order): its step would mean other samples and its test set could "
+                        f"hold samples already trained on (resume with {option} {saved[field]})")
         if meta["widths"] != self.model.widths or meta["dtype"] != self.model.dtype.name:
             return (f"{path} holds a {'-'.join(map(str, meta['widths']))} {meta['dtype']} model, this run builds "
                     f"{self.model.describe()} {self.model.dtype.name}")
@@ -301,8 +378,8 @@ class Trainer:
         # A step count is a position in the data order, which is sharded by rank count and batch size.
         shard = len(self.data.y_train) // self.ranks
         if meta["ranks"] != self.ranks or min(meta["batch_size"], shard) != self.config.batch_size:
-            return (f"{path} was written by a job of {meta['ranks']} ranks with --batch-size {meta['batch_size']}; "
-                    f"this job has {self.ranks} ranks with --batch-size {self.config.batch_size}, and its step "
+            return (f"{path} was written by a job of {plural(meta['ranks'], 'rank')} with --batch-size "
+                    f"{meta['batch_size']}; this job has {plural(self.ranks, 'rank')} with --batch-size {self.config.batch_size}, and its step "
                     f"{meta['step']} would mean other samples (resume with the same rank count and batch size)")
         return None
 
@@ -338,4 +415,9 @@ class Trainer:
         broadcast_parameters(self.optimizer.velocity, root=0, comm=self.comm)
         self.step = self.saved_step = int(meta["step"])
         self.skipped_steps = list(meta.get("skipped_steps", []))
+        self.history = [dict(record) for record in meta.get("history", [])]   # older checkpoints hold none
+        now = meta.get("open_epoch")
+        if now:
+            self._carried = {"epoch": int(now["epoch"]), "sums": np.asarray(now["sums"][self.rank], dtype=np.float64),
+                             "seconds": float(now["seconds"])}
         self.jitter_rng.bit_generator.state = meta["jitter_rng_states"][self.rank]
