@@ -108,9 +108,9 @@ class Trainer:
 
     def __init__(self, config: Config, comm: Optional[MPI.Intracomm] = None,
                  dataset: Optional[data.Dataset] = None):
+        modes.check(config, (comm or MPI.COMM_WORLD).Get_size())   # before any message
         self.comm = (comm or MPI.COMM_WORLD).Dup()       # the trainer's own few messages
         self.rank, self.ranks = self.comm.Get_rank(), self.comm.Get_size()
-        modes.check(config, self.ranks)
         self.data = dataset if dataset is not None else load_data(config)
         #: The run's configuration, with ``batch_size`` lowered to a rank's shard if it was larger.
         self.config = config = replace(config, batch_size=data.shard_batch(len(self.data.y_train), self.ranks,
