@@ -78,6 +78,7 @@ class BackupWorkers:
         self.decision = np.zeros(self.need + 1, dtype=np.int64)
         self.rows: List[Tuple[int, float, int]] = []          # per step: status, compute s, samples in
         self.sums = np.zeros(3)
+        self.forwarded = 0                                     # bytes of averages sent on to late ranks
 
     # -- a step ------------------------------------------------------------------------------
     def after_compute(self, idx: np.ndarray, loss: float, correct: int, t0: float, t1: float) -> None:
@@ -164,6 +165,7 @@ class BackupWorkers:
             copy = self.t.model.grads.copy()
             for r in mine:
                 self.pending.append((self.comm.Isend(copy, dest=r, tag=GRADIENT), copy))
+                self.forwarded += copy.nbytes
 
     def _receive_average(self, chosen: np.ndarray) -> None:
         i = self._late(chosen).index(self.rank)
@@ -208,8 +210,11 @@ class BackupWorkers:
         """Add the backup-worker report to ``out["straggler"]`` on rank 0 (collective)."""
         mine = np.array(self.rows, dtype=np.float64).reshape(-1, 3)
         every = self.comm.gather(mine, root=0)
+        forwarded = self.comm.reduce(self.forwarded, root=0)
         if records is None or not len(records):
             return
+        if "communication" in out:                           # per rank, as the allreduce figures
+            out["communication"]["forwarded_bytes"] = forwarded / self.ranks
         rows = np.stack(every, axis=1)                       # (steps, ranks, 3)
         status, compute = rows[..., 0].astype(int), rows[..., 1].copy()
         # A rank that skipped a step counts with its latest compute time (its median before any).

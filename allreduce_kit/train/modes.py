@@ -85,9 +85,10 @@ def apply_update(trainer: Any, step: int) -> None:
     trainer.optimizer.step(trainer.model.params, trainer.model.grads, lr)
 
 
-def communication(calls: int, nbytes: int, samples: int) -> Dict[str, Any]:
-    """The run's model traffic per rank: allreduce calls and the bytes handed to them, per sample trained."""
-    return {"allreduce_calls": int(calls), "allreduce_bytes": int(nbytes), "samples": int(samples),
+def communication(calls: float, nbytes: float, samples: int) -> Dict[str, Any]:
+    """The model's allreduce calls and the bytes handed to them, per rank (the mean over ranks: with backup
+    workers a late rank makes none), and per sample trained."""
+    return {"allreduce_calls": float(calls), "allreduce_bytes": float(nbytes), "samples": int(samples),
             "calls_per_sample": calls / samples if samples else 0.0,
             "bytes_per_sample": nbytes / samples if samples else 0.0}
 

@@ -282,7 +282,8 @@ class Trainer:
             "replicas_identical": identical,
             "params_digest": params_digest,
             "skipped_steps": self.skipped_steps,
-            "communication": modes.communication(self.traffic[0], self.traffic[1], samples),
+            "communication": modes.communication(*self.comm.allreduce(np.array(self.traffic, dtype=np.float64)) / self.ranks,
+                                                 samples),
         }
         if records is not None:
             out["straggler"] = analyse(records, self.hosts)
