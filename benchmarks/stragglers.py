@@ -156,7 +156,8 @@ def main() -> int:
         jitter_backup = med(f"backup-workers 1 jitter {args.jitter_ms:g}", step_ms)
         acc = lambda name: med(name, lambda g: g["test_accuracy"])
         print(f"jitter {args.jitter_ms:g} ms: plain sync {jitter_plain:.2f} ms, backup workers {jitter_backup:.2f} ms "
-              f"({100 * (jitter_plain - jitter_backup) / jitter_plain:.0f}% shorter)")
+              f"({jitter_plain - jitter_backup:+.2f} ms per step saved, {100 * jitter_backup / jitter_plain:.0f}% "
+              f"of plain sync's step)")
         compared = [str(out / f"p{p}-{slug(name)}-0.json") for name in
                     ("sync", f"sync {straggled}", f"backup-workers 1 {straggled}", f"local-sgd 4 {straggled}",
                      f"async-ps {straggled}")]

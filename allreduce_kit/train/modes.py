@@ -93,6 +93,13 @@ def communication(calls: float, nbytes: float, samples: int) -> Dict[str, Any]:
             "bytes_per_sample": nbytes / samples if samples else 0.0}
 
 
+def idle_options(mode: str, config: Any) -> Set[str]:
+    """The options of these modes that do not apply to a run (recorded as null in ``--json``)."""
+    if mode != "sync":
+        return set(OPTIONS)
+    return {"local_sgd_warmup", "local_sgd_momentum"} if config.local_sgd == 1 else set()
+
+
 # -- the command line --------------------------------------------------------------------------------
 def add_arguments(parser: Any, at_least: Callable) -> None:
     """``--backup-workers``, ``--local-sgd``, ``--local-sgd-warmup``, ``--local-sgd-momentum``."""
@@ -148,6 +155,10 @@ def header(config: Any, ranks: int) -> Optional[str]:
     return None
 
 
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
 def report_text(result: Dict[str, Any]) -> Optional[str]:
     """The backup-worker lines of the straggler report (rank 0), or None."""
     b = (result.get("straggler") or {}).get("backup_workers")
@@ -156,7 +167,7 @@ def report_text(result: Dict[str, Any]) -> Optional[str]:
     lines: List[str] = [
         f"backup workers {b['backup_workers']}: effective global batch {b['effective_global_batch_mean']:.1f} "
         f"of {b['global_batch']} (mean over steps); a step waited {b['step_wait_ms_p50']:.2f} ms (median, first to "
-        f"{b['ranks_in']}th arrival) where plain sync would have waited {b['sync_step_wait_ms_p50']:.2f} ms "
+        f"{_ordinal(b['ranks_in'])} arrival) where plain sync would have waited {b['sync_step_wait_ms_p50']:.2f} ms "
         f"(first to last arrival), {b['wait_saved_ms_p50']:.2f} ms saved per step; most often dropped: rank "
         f"{b['most_dropped_rank']}",
     ]
