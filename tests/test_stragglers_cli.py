@@ -92,3 +92,17 @@ def test_the_report_names_the_dropped_rank_and_compare_shows_the_modes(tmp_path,
     assert compare.main([str(tmp_path / "plain.json"), str(out), "--target-accuracy", "0.5"]) == 0
     table = capsys.readouterr().out
     assert "backup-workers 1" in table and "allreduce calls per sample" in table and "time to 50% test" in table
+
+
+def test_time_to_accuracy_counts_the_epochs_until_the_first_that_reaches_the_target():
+    run = {"epochs": [{"seconds": 1.5, "test_accuracy": 0.5}, {"seconds": 2.0, "test_accuracy": 0.96},
+                      {"seconds": 1.0, "test_accuracy": 0.94}]}
+    assert compare.time_to_accuracy(run, 0.95) == 3.5
+    assert compare.time_to_accuracy(run, 0.5) == 1.5
+    assert compare.time_to_accuracy(run, 0.97) is None and compare.time_to_accuracy({}, 0.5) is None
+
+
+def test_a_target_accuracy_outside_0_1_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as end:
+        compare.main([str(tmp_path / "a.json"), "--target-accuracy", "95"])
+    assert end.value.code == 2 and "argument --target-accuracy: expected a fraction in (0, 1], got 95" in capsys.readouterr().err

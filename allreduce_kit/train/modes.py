@@ -44,6 +44,9 @@ def check(config: Any, ranks: int) -> None:
         raise ValueError("Config.backup_workers and Config.local_sgd > 1 do not combine: choose one")
     if config.local_sgd > 1 and config.on_nonfinite != "abort":
         raise ValueError("Config.on_nonfinite='skip' does not combine with Config.local_sgd > 1")
+    if config.local_sgd > 1 and config.checkpoint_dir and config.checkpoint_every > 0:
+        raise ValueError("Config.checkpoint_every > 0 does not combine with Config.local_sgd > 1 (between averages "
+                         "the replicas differ; the checkpoint at the end is written)")
 
 
 def method(config: Any) -> str:

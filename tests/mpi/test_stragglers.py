@@ -91,6 +91,28 @@ def test_one_backup_worker_drops_the_slow_rank_and_keeps_replicas_identical(comm
 
 
 @pytest.mark.mpi
+def test_with_jitter_the_chosen_set_changes_and_every_step_drops_exactly_b_ranks(comm, train):
+    """Any rank may be late, the coordinator too (it then leaves itself out): the replicas stay identical."""
+    p = comm.Get_size()
+    if p < 3:
+        pytest.skip("needs p >= 3 for more than one backup worker")
+    backups, steps = p // 2, 12
+    trainer = train(comm, steps, backup_workers=backups, jitter_ms=4.0, gather_every=5)
+    assert trainer.step == steps and trainer.replicas_identical()[0]
+    assert_same_everywhere(comm, trainer.optimizer.velocity)
+    out = np.array([row[0] != 0 for row in trainer.strategy.rows])
+    per_step = np.zeros(steps, dtype=np.int64)
+    comm.Allreduce(out.astype(np.int64), per_step)
+    assert np.all(per_step == backups), per_step
+    result = trainer.results()
+    if comm.Get_rank() == 0:
+        b = result["straggler"]["backup_workers"]
+        assert sum(r["dropped_share"] for r in b["ranks"]) == pytest.approx(backups)
+        assert b["step_wait_ms_p50"] <= b["sync_step_wait_ms_p50"]
+    assert_quiet(comm)
+
+
+@pytest.mark.mpi
 def test_backup_workers_cross_epochs_and_checkpoints_together(comm, train, tmp_path_factory):
     """A slow rank that skips ahead stops at an epoch's end and at a checkpoint step, where all meet."""
     p = comm.Get_size()
