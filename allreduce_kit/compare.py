@@ -66,6 +66,18 @@ def time_to_accuracy(run: Dict[str, Any], target: float) -> Optional[float]:
     return None
 
 
+def method(run: Dict[str, Any]) -> str:
+    """How the run trained: ``sync``, ``backup-workers B``, ``local-sgd H`` or ``async-ps`` (from its config)."""
+    config = run.get("config") or {}
+    if run["summary"]["mode"] != "sync":
+        return run["summary"]["mode"]
+    if (config.get("backup_workers") or 0) > 0:
+        return f"backup-workers {config['backup_workers']}"
+    if (config.get("local_sgd") or 1) > 1:
+        return f"local-sgd {config['local_sgd']}"
+    return "sync"
+
+
 def _number(value: Any, digits: int) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
@@ -86,15 +98,17 @@ def table(runs: Sequence[Dict[str, Any]], names: Sequence[str], target: float = 
     jitter = [(r.get("config") or {}).get("jitter_ms") for r in runs]
     if any(jitter):
         rows.append(["jitter", *(f"+{j:g} ms mean" if j else "-" for j in jitter)])
-    summaries = [r["summary"] for r in runs]
-    rows.append(["method", *(s.get("method") or s["mode"] for s in summaries)])
-    rows.append(["step ms p50", *(_number(s.get("step_ms_p50"), 2) for s in summaries)])
-    rows.append(["allreduce calls per sample", *(_number(s.get("allreduce_calls_per_sample"), 5) for s in summaries)])
-    rows.append(["allreduce bytes per sample", *(_number(s.get("allreduce_bytes_per_sample"), 1) for s in summaries)])
-    if any("effective_global_batch" in s for s in summaries):
-        rows.append(["effective global batch", *(_number(s.get("effective_global_batch"), 1) for s in summaries)])
-        rows.append(["dropped share max", *("-" if s.get("dropped_share_max") is None
-                                            else f"{100 * s['dropped_share_max']:.0f}%" for s in summaries)])
+    straggler = [r.get("straggler") or {} for r in runs]
+    traffic = [r.get("communication") or {} for r in runs]
+    backup = [s.get("backup_workers") for s in straggler]
+    rows.append(["method", *map(method, runs)])
+    rows.append(["step ms p50", *(_number(s.get("step_ms_p50"), 2) for s in straggler)])
+    rows.append(["allreduce calls per sample", *(_number(c.get("calls_per_sample"), 5) for c in traffic)])
+    rows.append(["allreduce bytes per sample", *(_number(c.get("bytes_per_sample"), 1) for c in traffic)])
+    if any(backup):
+        rows.append(["effective global batch", *(_number(b and b["effective_global_batch_mean"], 1) for b in backup)])
+        rows.append(["dropped share max", *("-" if not b else f"{100 * max(r['dropped_share'] for r in b['ranks']):.0f}%"
+                                            for b in backup)])
     rows.append([f"time to {100 * target:g}% test (s)", *(_number(time_to_accuracy(r, target), 2) for r in runs)])
     by_epoch = [losses(r) for r in runs]
     for e in sorted(set().union(*by_epoch)):
@@ -115,7 +129,7 @@ def repeats(names: Sequence[str]) -> List[Tuple[str, List[int]]]:
 
 def _label(run: Dict[str, Any], name: str, count: int = 1) -> str:
     summary = run["summary"]
-    label = f"{name} ({summary.get('method') or summary['mode']}, {summary['ranks']} rank{'' if summary['ranks'] == 1 else 's'}"
+    label = f"{name} ({method(run)}, {summary['ranks']} rank{'' if summary['ranks'] == 1 else 's'}"
     label += f", median of {count} runs)" if count > 1 else ")"
     if (run.get("config") or {}).get("straggler"):
         label += f", straggler {run['config']['straggler'][0]}:{run['config']['straggler'][1]:g}"

@@ -82,12 +82,14 @@ def test_the_report_names_the_dropped_rank_and_compare_shows_the_modes(tmp_path,
     assert b["sync_step_wait_ms_p50"] > b["step_wait_ms_p50"]
     assert b["effective_global_batch_mean"] <= 64 < b["effective_global_batch_mean"] + 1   # 2 of 3 ranks' 32
     assert run["config"]["backup_workers"] == 1 and run["config"]["local_sgd"] == 1
-    assert run["summary"]["method"] == "backup-workers 1" and run["summary"]["mode"] == "sync"
+    assert compare.method(run) == "backup-workers 1" and run["summary"]["mode"] == "sync"
     c = run["communication"]
     assert c["allreduce_calls"] == pytest.approx(run["steps"] * 2 / 3)        # 2 of 3 ranks reduce each step
     assert c["samples"] == run["summary"]["samples"] and c["forwarded_bytes"] > 0
     # compare: the method, the step time and the traffic per sample, beside a plain run's summary.
-    plain = {**run, "summary": {**run["summary"], "method": "sync"}, "config": {**run["config"], "backup_workers": 0}}
+    plain = {**run, "config": {**run["config"], "backup_workers": 0}}
+    assert compare.method(plain) == "sync"
+    assert compare.method({**run, "config": {**run["config"], "backup_workers": 0, "local_sgd": 4}}) == "local-sgd 4"
     (tmp_path / "plain.json").write_text(json.dumps(plain))
     assert compare.main([str(tmp_path / "plain.json"), str(out), "--target-accuracy", "0.5"]) == 0
     table = capsys.readouterr().out

@@ -362,7 +362,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         # the summary both modes share (summary.py), printed and under "summary" in --json
         shared = build_summary("sync", ranks, ranks, result["epochs"], result["updates_applied"],
                                wall_seconds=time.perf_counter() - STARTED)
-        modes.amend_summary(shared, result, config)
         say(summary_lines(shared))
         payload = {"config": {**async_main.recorded_config(parser, args, config), "mode": "sync",
                               "batch_size_requested": args.batch_size},

@@ -182,17 +182,3 @@ def report_text(result: Dict[str, Any]) -> Optional[str]:
     fmt = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))
     lines += [fmt(head), fmt(["-" * w for w in widths]), *map(fmt, rows)]
     return "\n".join(lines)
-
-
-def amend_summary(summary: Dict[str, Any], result: Dict[str, Any], config: Any) -> None:
-    """Add the fields that put the four modes side by side to the shared summary (rank 0)."""
-    summary["method"] = method(config)
-    s = result.get("straggler") or {}
-    summary["step_ms_p50"] = s.get("step_ms_p50")
-    c = result.get("communication") or {}
-    summary["allreduce_calls_per_sample"] = c.get("calls_per_sample")
-    summary["allreduce_bytes_per_sample"] = c.get("bytes_per_sample")
-    b = s.get("backup_workers")
-    if b:
-        summary["effective_global_batch"] = b["effective_global_batch_mean"]
-        summary["dropped_share_max"] = max(r["dropped_share"] for r in b["ranks"])
