@@ -25,7 +25,7 @@ from ..algorithms import ALGORITHMS
 from ..cli import RankZeroParser, is_root, outputs_problem, plural, say, write_json
 from ..launch import check_launch
 from ..threads import limit_threads
-from . import checkpoint, report
+from . import checkpoint, modes, report
 from .trainer import Config, NonFiniteError, ResumeError, Trainer
 # --mode sync|async-ps: the async side lives in async_main.py, the summary both share in summary.py
 from . import async_main
@@ -138,6 +138,7 @@ def build_parser() -> RankZeroParser:
                         "--test-fraction; for synthetic also --samples, --features, --classes), model, rank "
                         "count and batch size")
     add_reliability_options(p)
+    modes.add_arguments(p, _at_least)                  # --backup-workers, --local-sgd, ...
     async_main.add_arguments(p, _at_least)             # --mode, --servers, --max-staleness, ...
     return p
 
@@ -248,7 +249,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
-    problem = comm.bcast(settings_problem() or async_main.other_mode_problem(args, given_options(parser, args, argv))
+    given = given_options(parser, args, argv)
+    problem = comm.bcast(settings_problem() or async_main.other_mode_problem(args, given)
+                         or modes.problems(args, comm.Get_size(), given)
                          or _problems(args, comm.Get_size()) or _reliability_problems(args, comm.Get_size())
                          or async_main.problems(args, comm.Get_size()), root=0)
     if problem:
@@ -294,6 +297,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         say(f"injected straggler: rank {config.straggler[0]} +{config.straggler[1]:g} ms per step")
     if config.jitter_ms:
         say(f"injected jitter: every rank +uniform(0, {2 * config.jitter_ms:g}) ms per step")
+    if modes.header(config, ranks):
+        say(modes.header(config, ranks))
 
     bar = None
     use_bar = is_root() and (args.progress == "bar" or (args.progress == "auto" and sys.stderr.isatty()))
@@ -341,6 +346,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f"{'' if s['steps'] == result['steps'] else '; timings of this run only, not of the steps before --resume'}):")
             say(report.headline(s))
             say(report.straggler_table(s))
+            if modes.report_text(result):
+                say(modes.report_text(result))
         if alone:
             ratio = s["transfer_ms_p50"] / alone["transfer_ms_p50"] if alone["transfer_ms_p50"] > 0 else float("nan")
             alone["trainer_transfer_ms_p50"] = s["transfer_ms_p50"]

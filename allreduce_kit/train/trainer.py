@@ -19,7 +19,7 @@ from ..cli import plural
 from ..collective import allreduce
 from ..comm import library_comm
 from ..params import average_buffer, bucket_bounds, broadcast_parameters
-from . import checkpoint, data
+from . import checkpoint, data, modes
 from .model import MLP
 from .optimizer import SGD, learning_rate
 from .summary import epoch_record
@@ -56,6 +56,10 @@ class Config:
     keep_checkpoints: int = 3
     on_nonfinite: str = "abort"                       # or "skip"
     inject_nan: Optional[Tuple[int, int]] = None     # (rank, step): a testing aid
+    backup_workers: int = 0                           # modes.py: backup.py, local_sgd.py
+    local_sgd: int = 1
+    local_sgd_warmup: int = 0
+    local_sgd_momentum: str = "average"
 
     def as_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -104,6 +108,7 @@ class Trainer:
 
     def __init__(self, config: Config, comm: Optional[MPI.Intracomm] = None,
                  dataset: Optional[data.Dataset] = None):
+        modes.check(config, (comm or MPI.COMM_WORLD).Get_size())   # before any message
         self.comm = (comm or MPI.COMM_WORLD).Dup()       # the trainer's own few messages
         self.rank, self.ranks = self.comm.Get_rank(), self.comm.Get_size()
         self.data = dataset if dataset is not None else load_data(config)
@@ -143,6 +148,8 @@ class Trainer:
         self.comm.Barrier()
         #: The algorithm each bucket's allreduce runs: ``auto``'s choice by size (for the report).
         self.bucket_algorithms = self._algorithms_ran()
+        self.traffic = [0, 0]                            # the model's allreduce calls and bytes, this rank
+        self.strategy = modes.strategy_for(self)         # backup workers or local SGD; None: plain sync
 
     def _algorithms_ran(self) -> List[str]:
         if self.ranks == 1:
@@ -164,8 +171,13 @@ class Trainer:
         if self.config.jitter_ms > 0:
             pause(self.jitter_rng.uniform(0.0, 2.0 * self.config.jitter_ms) / 1e3)
         t1 = time.perf_counter()
+        if self.strategy is not None:                    # it averages, updates, records and counts the step
+            self.strategy.after_compute(idx, loss, correct, t0, t1)
+            return loss, correct
         average_buffer(self.model.grads, bucket_mb=self.config.bucket_mb, comm=self.comm,
                        algorithm=self.config.algorithm)
+        self.traffic[0] += self.buckets
+        self.traffic[1] += self.model.grads.nbytes
         t2 = time.perf_counter()
         # Every rank holds bitwise the same average, so every rank reaches the same verdict here
         # without another message.
@@ -204,9 +216,11 @@ class Trainer:
             for i in range(first, len(batches)):
                 if self.step >= total:
                     break
+                if self.step > epoch * self.steps_per_epoch + i:
+                    continue                             # a step this rank skipped (backup workers)
                 loss, correct = self.train_step(batches[i])
-                sums += (loss, correct, len(batches[i]))
-                if self._checkpoint_due() and i + 1 < len(batches):
+                sums += (loss, correct, len(batches[i])) if self.strategy is None else self.strategy.sums
+                if self._checkpoint_due() and self.step - epoch * self.steps_per_epoch < len(batches):
                     self.save_checkpoint()               # within the epoch: with its sums so far
                 if on_step:
                     on_step(i + 1)
@@ -218,6 +232,8 @@ class Trainer:
                 on_epoch(self.history[-1])
             if self.step % self.steps_per_epoch == 0 and self._checkpoint_due():
                 self.save_checkpoint()                   # at the epoch's end: after its record, which it keeps
+        if self.strategy is not None:
+            self.strategy.finish()
         self.timer.flush()
         if cfg.checkpoint_dir and self.saved_step != self.step:
             self.save_checkpoint()
@@ -266,9 +282,13 @@ class Trainer:
             "replicas_identical": identical,
             "params_digest": params_digest,
             "skipped_steps": self.skipped_steps,
+            "communication": modes.communication(*self.comm.allreduce(np.array(self.traffic, dtype=np.float64)) / self.ranks,
+                                                 samples),
         }
         if records is not None:
             out["straggler"] = analyse(records, self.hosts)
+        if self.strategy is not None:
+            self.strategy.amend(out, records)           # collective
         return out
 
     def allreduce_alone(self, calls: int) -> Optional[Dict[str, float]]:
@@ -311,6 +331,9 @@ class Trainer:
 
     def close(self) -> None:
         """Free the trainer's communicator (collective)."""
+        if getattr(self, "strategy", None) is not None:
+            self.strategy.close()
+            self.strategy = None
         if self.comm != MPI.COMM_NULL:
             self.comm.Free()
 
