@@ -40,15 +40,28 @@ def openmpi():
 
 
 def run_under(openmpi, ranks: int, args, timeout: float) -> subprocess.CompletedProcess:
-    """``mpirun --oversubscribe -n RANKS python ARGS`` under Open MPI, from ``tests/``; a hang fails."""
+    """``mpirun --oversubscribe -n RANKS python ARGS`` under Open MPI, from ``tests/``; a hang fails.
+
+    On a hang ``mpirun`` is asked to end (SIGTERM, on which it kills its ranks) before it is
+    killed: the ranks run in process groups of their own, and killing ``mpirun`` alone would
+    leave them spinning.
+    """
     command = openmpi.command(ranks, args)
     env = openmpi.environment()
     env["PYTHONUNBUFFERED"] = "1"
-    try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=TESTS)
-    except subprocess.TimeoutExpired as expired:
-        out = expired.stdout.decode(errors="replace") if isinstance(expired.stdout, bytes) else (expired.stdout or "")
-        pytest.fail(f"{' '.join(command)} did not finish within {timeout} s (a hang?)\n{out[-5000:]}")
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          cwd=TESTS) as job:
+        try:
+            out, err = job.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            job.terminate()
+            try:
+                out, err = job.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                job.kill()
+                out, err = job.communicate()
+            pytest.fail(f"{' '.join(command)} did not finish within {timeout} s (a hang?)\n{out[-5000:]}\n{err[-2000:]}")
+    return subprocess.CompletedProcess(command, job.returncode, out, err)
 
 
 PROBE = """
@@ -78,8 +91,8 @@ def test_the_ranks_run_open_mpi_with_every_fast_path(openmpi):
 
 @pytest.mark.parametrize("ranks", RANK_COUNTS)
 def test_mpi_suite_passes_on_open_mpi(openmpi, ranks):
-    result = run_under(openmpi, ranks, ["-m", "mpi4py", "-m", "pytest", "--with-mpi", "-q", "-x", "-p", "no:cacheprovider",
-                                        "-rf", TESTS / "mpi"], timeout=900)
+    result = run_under(openmpi, ranks, ["-m", "mpi4py", "-m", "pytest", "--with-mpi", "-v", "-x", "-p", "no:cacheprovider",
+                                        TESTS / "mpi"], timeout=900)
     assert result.returncode == 0, f"MPI suite failed on Open MPI at {ranks} ranks:\n{result.stdout[-8000:]}\n{result.stderr[-4000:]}"
     assert " passed" in result.stdout
     assert "Open MPI" in result.stdout, "pytest-mpi reports the MPI the ranks ran"
