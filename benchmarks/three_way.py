@@ -59,7 +59,7 @@ def measure(args, openmpi: openmpi_env.OpenMPI) -> None:
             for kind in KINDS:
                 path = args.out / f"{kind}-p{ranks}-r{repeat}.json"
                 command, added = commands(args.python, openmpi, ranks, shlex.split(args.bench_args), path)[kind]
-                record[kind] = shown(command, added).replace(str(path), f"{kind}-p{ranks}-rN.json")
+                record[kind] = shown(command, added).replace(f"-r{repeat}.json", "-rN.json")
                 print(f"p = {ranks}, repeat {repeat}: {kind}", flush=True)
                 with open(path.with_suffix(".txt"), "w", encoding="utf-8") as table:
                     done = subprocess.run(command, stdout=table, stderr=subprocess.PIPE, text=True, timeout=3600,
@@ -107,8 +107,8 @@ def table(out: Path, ranks: int) -> List[str]:
     ours = sorted({name for name, _ in mpich} - {"auto", "mpi"})
     lines = [f"### {ranks} ranks: {len(mpich_runs)} MPICH and {len(openmpi_runs)} Open MPI runs, alternating",
              "",
-             f"MPICH: {mpich_runs[0]['preamble']['mpi_library']}  ",
-             f"Open MPI: {openmpi_runs[0]['preamble']['mpi_library']}",
+             f"MPICH: {' '.join(mpich_runs[0]['preamble']['mpi_library'].split())}  ",
+             f"Open MPI: {' '.join(openmpi_runs[0]['preamble']['mpi_library'].split())}",
              "",
              "| size | `auto` (chose) | fastest of ours | MPICH `Allreduce` | Open MPI `Allreduce` "
              "| `auto` / MPICH | `auto` / Open MPI | `auto` under Open MPI |",
@@ -132,7 +132,7 @@ def summarize(out: Path) -> str:
             parts += [""] + lines
     record = out / "commands.json"
     if record.exists():
-        parts += ["", "Commands (N: the repeat):", "", "```"] + list(json.loads(record.read_text()).values()) + ["```"]
+        parts += ["", "Commands (N: the repeat; paths relative to the folder they ran in):", "", "```"] + list(json.loads(record.read_text()).values()) + ["```"]
     return "\n".join(parts) + "\n"
 
 
