@@ -82,7 +82,7 @@ class OpenMPI:
 
     def variables(self) -> Dict[str, str]:
         """The variables ``environment`` adds (for printing)."""
-        return {k: v for k, v in self.environment({}).items()}
+        return self.environment({})
 
 
 def _libmpi(prefix: Path) -> Path:
