@@ -25,6 +25,7 @@ _PUBLIC = {
     "Topology": "topology",
     "FlatParameters": "params", "average_arrays": "params", "average_buffer": "params",
     "broadcast_parameters": "params",
+    "plan": "plans", "Plan": "plans",
 }
 
 __all__ = [*_PUBLIC, "__version__"]

@@ -17,6 +17,7 @@ from mpi4py import MPI
 from . import config
 from .collective import allreduce, array_of, validate
 from .comm import library_comm
+from .plans import bucket_plans
 from .stall import INSPECTOR
 
 __all__ = ["FlatParameters", "average_arrays", "average_buffer", "broadcast_parameters", "bucket_bounds"]
@@ -60,12 +61,27 @@ def average_buffer(buf: np.ndarray, *, bucket_mb: float = 0.0, comm: Optional[MP
 
     Collective; ``allreduce(op="mean")`` per bucket of at most ``bucket_mb`` MB of 10^6 bytes
     (0: one bucket), over ``buf``'s elements in memory order. ``buf`` is what ``allreduce``
-    takes. Returns ``buf``, bitwise the same on every rank.
+    takes. Returns ``buf``, bitwise the same on every rank. Each bucket runs as a persistent
+    plan (``allreduce_kit.plan``), made on the first call for ``buf`` and reused by later calls
+    with the same buffer and arguments (unless checked: ``check`` runs ``allreduce`` per bucket).
     """
     flat = validate(buf, "mean", algorithm, caller="average_buffer")[0].reshape(-1)
     _check_bucket_mb(bucket_mb, "average_buffer")
-    for start, stop in bucket_bounds(flat.size, flat.itemsize, bucket_mb):
-        allreduce(flat[start:stop], op="mean", algorithm=algorithm, comm=comm, check=check, stall_timeout=stall_timeout)
+    bounds = bucket_bounds(flat.size, flat.itemsize, bucket_mb)
+    lib = library_comm(comm)
+    if check or (check is None and lib.check_default):  # the agreement step on every call: no plan to keep
+        for start, stop in bounds:
+            allreduce(flat[start:stop], op="mean", algorithm=algorithm, comm=comm, check=check,
+                      stall_timeout=stall_timeout)
+        return buf
+    if stall_timeout is not None:
+        try:
+            stall_timeout = config.seconds_argument(stall_timeout)
+        except (TypeError, ValueError) as bad:
+            raise type(bad)(f"average_buffer: stall_timeout: {bad}") from None
+    for planned in bucket_plans(buf, bounds, op="mean", algorithm=algorithm, comm=comm, lib=lib,
+                                stall_timeout=stall_timeout):
+        planned()
     return buf
 
 
