@@ -81,6 +81,13 @@ elif mode == "skips-checked-call":
     allreduce(np.ones(10), check=True)
     if rank != 1:
         allreduce(np.ones(10), check=True)   # the agreement step is watched too
+elif mode == "skips-plan-call":
+    from allreduce_kit import plan
+    x = np.ones(10)
+    planned = plan(x)
+    planned()
+    if rank != 1:
+        planned()                        # a plan's calls are watched as allreduce's are
 elif mode == "root-skips-broadcast":
     allreduce(np.ones(10))
     if rank != 0:
@@ -93,6 +100,7 @@ time.sleep(120)
 @pytest.mark.parametrize("mode,words", [
     ("skips-first-call", "has not made its first collective call"),
     ("skips-checked-call", "missing ranks (have not reached this call): [1]"),
+    ("skips-plan-call", "10 x float64) (call #3 on this communicator) has waited"),  # plan(), call, call
     ("root-skips-broadcast", "broadcast_parameters(root=0, 10 x float64) (call #2 on this communicator)"),
 ])
 def test_every_collective_the_library_makes_is_watched(mpirun, tmp_path, mode, words):
@@ -102,6 +110,8 @@ def test_every_collective_the_library_makes_is_watched(mpirun, tmp_path, mode, w
     result = mpirun(2, [script, mode], timeout=90, via_mpi4py=False, env={"ALLREDUCE_KIT_STALL_TIMEOUT": "3"})
     assert result.returncode != 0
     assert words in result.stderr, result.stderr[-3000:]
+    if mode == "skips-plan-call":
+        assert "missing ranks (have not reached this call): [1]" in result.stderr, result.stderr[-3000:]
     assert time.time() - started < 60
 
 
