@@ -2,6 +2,7 @@
 
 >>> from allreduce_kit import allreduce, ALGORITHMS
 >>> allreduce(grad, op="mean", algorithm="ring")   # in place on every rank; returns grad
+>>> average = plan(grad, op="mean"); average()     # the same, checked, chosen and bound once
 
 Importing the package changes nothing in the process: no environment variable is written, no
 hook installed, and MPI starts only when something that needs it is first used (``allreduce``,
