@@ -27,6 +27,7 @@ from ..launch import check_launch
 from ..threads import limit_threads
 from . import checkpoint, report
 from .trainer import Config, NonFiniteError, ResumeError, Trainer
+from .signals import STOPPED_STATUS, StopSignals, Stopped
 # --mode sync|async-ps: the async side lives in async_main.py, the summary both share in summary.py
 from . import async_main
 from .summary import build_summary, summary_lines
@@ -315,14 +316,19 @@ def main(argv: Optional[List[str]] = None) -> int:
             bar = None
         say(line)
 
+    if config.checkpoint_dir:                        # SIGTERM/SIGUSR1: save at the next step boundary, exit 75
+        trainer.stop = StopSignals(trainer.comm)
     try:
         result = trainer.run(on_step=on_step if use_bar else None, on_epoch=on_epoch)
-    except NonFiniteError as error:                  # raised on every rank at the same step
+    except (NonFiniteError, Stopped) as error:       # raised on every rank at the same step
         if bar is not None:
             bar.close()
         say(f"{parser.prog}: {error}", file=sys.stderr)
         trainer.close()
-        return 1
+        return STOPPED_STATUS if isinstance(error, Stopped) else 1
+    finally:
+        if trainer.stop is not None:
+            trainer.stop.close()
     alone = trainer.allreduce_alone(args.bench_allreduce) if args.bench_allreduce else None
     if is_root():
         s = result["straggler"]

@@ -20,6 +20,7 @@ from ..collective import allreduce
 from ..comm import library_comm
 from ..params import average_buffer, bucket_bounds, broadcast_parameters
 from . import checkpoint, data
+from .signals import StopSignals, stop_if_asked
 from .model import MLP
 from .optimizer import SGD, learning_rate
 from .summary import epoch_record
@@ -126,6 +127,8 @@ class Trainer:
         self.saved_step = -1
         self.nan_at = config.inject_nan[1] if config.inject_nan and config.inject_nan[0] == self.rank else 0
         self.history: List[Dict[str, Any]] = []
+        #: Stop at a step boundary on SIGTERM/SIGUSR1 (signals.py), if the caller installed one.
+        self.stop: Optional[StopSignals] = None
         # The epoch under way (its sums so far on this rank, its clock), and one carried over in a checkpoint.
         self._open: Optional[Dict[str, Any]] = None
         self._carried: Optional[Dict[str, Any]] = None
@@ -208,6 +211,8 @@ class Trainer:
                 sums += (loss, correct, len(batches[i]))
                 if self._checkpoint_due() and i + 1 < len(batches):
                     self.save_checkpoint()               # within the epoch: with its sums so far
+                if i + 1 < len(batches):
+                    stop_if_asked(self)                  # the epoch's last step is asked after its record
                 if on_step:
                     on_step(i + 1)
             self._open["end"] = time.perf_counter()
@@ -218,6 +223,8 @@ class Trainer:
                 on_epoch(self.history[-1])
             if self.step % self.steps_per_epoch == 0 and self._checkpoint_due():
                 self.save_checkpoint()                   # at the epoch's end: after its record, which it keeps
+            if self.step % self.steps_per_epoch == 0:
+                stop_if_asked(self)
         self.timer.flush()
         if cfg.checkpoint_dir and self.saved_step != self.step:
             self.save_checkpoint()
