@@ -123,3 +123,45 @@ def test_a_signal_stops_every_rank_at_one_step_with_a_checkpoint_and_resume_lose
     assert report["params_digest"] == reference["params_digest"]
     assert [e["loss"] for e in report["epochs"]] == [e["loss"] for e in reference["epochs"]]
     assert np.array_equal(_final_params(ckpt), _final_params(whole))
+
+
+# -- resume at another rank count -----------------------------------------------------------------
+SYNTHETIC = ["--dataset", "synthetic", "--samples", "1280", "--features", "16", "--classes", "4", "--seed", "3"]
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    dst.mkdir()
+    for _, path in checkpoint.listing(str(src)):
+        (dst / Path(path).name).write_bytes(Path(path).read_bytes())
+    return dst
+
+
+def test_a_resume_at_another_rank_count_continues_from_the_same_sample(mpirun, tmp_path):
+    """A checkpoint at step 25 of 4 ranks (inside epoch 2 of 3; 1024 training samples, 16 steps per
+    epoch). Resumed at 2 ranks with keep-batch (2 accumulation steps: the same 64-sample global
+    batch), the run ends within float tolerance of the 4-rank continuation, epoch by epoch; and a
+    2-rank run stopped at step 30, inside the resized epoch, then resumed at 2 ranks again, ends with
+    bitwise the parameters of the 2-rank run that went through."""
+    common = TRAIN + SMALL + SYNTHETIC + ["--epochs", "3"]
+    start = tmp_path / "start"
+    _ok(mpirun(4, common + ["--checkpoint-dir", start, "--max-steps", "25"], timeout=180))
+    four, two, split = (_copy(start, tmp_path / name) for name in ("four", "two", "split"))
+    _ok(mpirun(4, common + ["--checkpoint-dir", four, "--resume", "--json", tmp_path / "four.json"], timeout=180))
+    went = _ok(mpirun(2, common + ["--checkpoint-dir", two, "--resume", "--json", tmp_path / "two.json"], timeout=180))
+    assert ("checkpoint of 4 ranks resumed at 2 (--on-resize keep-batch): batch 16/rank x 2 accumulation steps, "
+            "global batch 64 (kept)") in went.stdout, went.stdout
+    a, b = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("four", "two"))
+    assert a["steps"] == b["steps"] == 48 and [e["epoch"] for e in b["epochs"]] == [1, 2, 3]
+    assert [e["samples"] for e in a["epochs"]] == [e["samples"] for e in b["epochs"]] == [1024] * 3
+    assert np.allclose([e["loss"] for e in a["epochs"]], [e["loss"] for e in b["epochs"]], rtol=1e-4)
+    pa, pb = _final_params(four), _final_params(two)
+    assert not np.array_equal(pa, pb)              # other sums of the same samples...
+    assert np.allclose(pa, pb, rtol=1e-3, atol=1e-4), np.abs(pa - pb).max()    # ...of the same value
+    # 4 -> 2 at step 25, stopped at 30 (in the resized epoch), 2 -> 2: bitwise the run that went through.
+    _ok(mpirun(2, common + ["--checkpoint-dir", split, "--resume", "--max-steps", "30"], timeout=180))
+    assert checkpoint.load(checkpoint.latest(str(split)))[1]["position"] == {"epoch": 1, "offset": 30 * 64 - 1024,
+                                                                              "steps": 14}
+    _ok(mpirun(2, common + ["--checkpoint-dir", split, "--resume", "--json", tmp_path / "split.json"], timeout=180))
+    c = json.loads((tmp_path / "split.json").read_text())
+    assert c["params_digest"] == b["params_digest"]
+    assert [e["loss"] for e in c["epochs"]] == [e["loss"] for e in b["epochs"]]

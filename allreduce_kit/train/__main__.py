@@ -25,7 +25,7 @@ from ..algorithms import ALGORITHMS
 from ..cli import RankZeroParser, is_root, outputs_problem, plural, say, write_json
 from ..launch import check_launch
 from ..threads import limit_threads
-from . import checkpoint, report
+from . import checkpoint, report, resize
 from .trainer import Config, NonFiniteError, ResumeError, Trainer
 from .signals import STOPPED_STATUS, StopSignals, Stopped
 # --mode sync|async-ps: the async side lives in async_main.py, the summary both share in summary.py
@@ -98,6 +98,7 @@ def build_parser() -> RankZeroParser:
     g.add_argument("--dtype", choices=("float32", "float64"), default=d.dtype, help="parameter and data dtype")
     g.add_argument("--seed", type=int, default=d.seed, help="seed for data, split, shuffling, init and jitter")
     g.add_argument("--max-steps", type=_at_least(0), default=d.max_steps, help="stop after this many steps (0: no limit)")
+    resize.add_arguments(g, _at_least)               # --accum-steps, --on-resize
     g = p.add_argument_group("data")
     g.add_argument("--dataset", choices=("digits", "synthetic"), default=d.dataset,
                    help="digits: scikit-learn's bundled 8x8 digits; synthetic: generated from --seed")
@@ -136,8 +137,8 @@ def build_parser() -> RankZeroParser:
     g.add_argument("--resume", action="store_true",
                    help="continue from the newest checkpoint in DIR, with its history (per-epoch metrics, "
                         "counters); it must come from a --mode sync run with the same data (--dataset, --seed, "
-                        "--test-fraction; for synthetic also --samples, --features, --classes), model, rank "
-                        "count and batch size")
+                        "--test-fraction; for synthetic also --samples, --features, --classes) and model; at "
+                        "another rank count the data continue from its sample, re-sharded (--on-resize)")
     add_reliability_options(p)
     async_main.add_arguments(p, _at_least)             # --mode, --servers, --max-staleness, ...
     return p
@@ -280,12 +281,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"{d.classes} classes; {plural(trainer.steps_per_epoch, 'step')} per epoch on shards of {len(d.y_train) // ranks}")
     say(f"model: MLP {trainer.model.describe()}, {trainer.model.size:,} parameters, one {config.dtype} "
         f"gradient buffer of {trainer.model.grads.nbytes / 1e6:.2f} MB in {plural(trainer.buckets, 'bucket')}; "
-        f"batch {config.batch_size}/rank ({config.batch_size * ranks} global"
+        f"batch {config.batch_size}/rank"
+        + (f" x {trainer.plan.accum} accumulation steps" if trainer.plan.accum > 1 else "")
+        + f" ({config.batch_size * ranks * trainer.plan.accum} global"
         + (f"; --batch-size {args.batch_size} is more than a rank's shard" if args.batch_size > config.batch_size else "")
         + f"), lr {config.lr}"
         f"{' x ' + str(ranks) + ' (linear scaling)' if config.lr_scaling == 'linear' else ''}, "
         f"algorithm {_algorithm_note(config.algorithm, trainer.bucket_algorithms)}"
         + (f"; resumed at step {trainer.step}" if config.resume else ""))
+    if trainer.resize_note:
+        say(trainer.resize_note)
     if trainer.step >= trainer.total_steps():
         say(f"nothing to train: the checkpoint is at step {trainer.step} and this run ends at step "
             f"{trainer.total_steps()}; raise --epochs (or --max-steps) to continue")
