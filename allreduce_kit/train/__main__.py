@@ -7,6 +7,12 @@ import time
 STARTED = time.perf_counter()                          # the summary's wall time counts from here
 
 if __name__ == "__main__":  # abort-on-error and heavy yield, asked for before MPI starts
+    import sys
+
+    if "--elastic" in sys.argv[1:]:                    # the supervisor: one process, without MPI (elastic.py)
+        from .elastic import main as supervise
+
+        sys.exit(supervise(sys.argv[1:]))
     from ..run import prepare
 
     prepare()
@@ -25,7 +31,7 @@ from ..algorithms import ALGORITHMS
 from ..cli import RankZeroParser, is_root, outputs_problem, plural, say, write_json
 from ..launch import check_launch
 from ..threads import limit_threads
-from . import checkpoint, report, resize
+from . import checkpoint, elastic, report, resize
 from .trainer import Config, NonFiniteError, ResumeError, Trainer
 from .signals import STOPPED_STATUS, StopSignals, Stopped
 # --mode sync|async-ps: the async side lives in async_main.py, the summary both share in summary.py
@@ -141,6 +147,7 @@ def build_parser() -> RankZeroParser:
                         "another rank count the data continue from its sample, re-sharded (--on-resize)")
     add_reliability_options(p)
     async_main.add_arguments(p, _at_least)             # --mode, --servers, --max-staleness, ...
+    elastic.add_arguments(p)                           # --elastic, -n, --min-ranks, --mpiexec
     return p
 
 
@@ -194,6 +201,9 @@ def _problems(args, ranks: int) -> Optional[str]:
         return f"argument --test-fraction: must be < 1, got {args.test_fraction}"
     if args.straggler and args.straggler[0] >= ranks:
         return f"argument --straggler: rank {args.straggler[0]} does not exist in a job of {plural(ranks, 'rank')} (0..{ranks - 1})"
+    for name in ("elastic", "ranks", "min_ranks", "mpiexec"):   # the supervisor takes these before MPI starts
+        if getattr(args, name) not in (None, False):
+            return f"argument --{name.replace('_', '-')}: only for the supervisor, python -m allreduce_kit.train --elastic -n P (one process, not under mpirun)"
     if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
         return f"argument {'--resume' if args.resume else '--checkpoint-every'}: needs --checkpoint-dir"
     total = 1797 if args.dataset == "digits" else args.samples
@@ -284,7 +294,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"batch {config.batch_size}/rank"
         + (f" x {trainer.plan.accum} accumulation steps" if trainer.plan.accum > 1 else "")
         + f" ({config.batch_size * ranks * trainer.plan.accum} global"
-        + (f"; --batch-size {args.batch_size} is more than a rank's shard" if args.batch_size > config.batch_size else "")
+        + (f"; --batch-size {args.batch_size} is more than a rank's shard" if args.batch_size > config.batch_size and not trainer.resize_note else "")
         + f"), lr {config.lr}"
         f"{' x ' + str(ranks) + ' (linear scaling)' if config.lr_scaling == 'linear' else ''}, "
         f"algorithm {_algorithm_note(config.algorithm, trainer.bucket_algorithms)}"
@@ -324,7 +334,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if config.checkpoint_dir:                        # SIGTERM/SIGUSR1: save at the next step boundary, exit 75
         trainer.stop = StopSignals(trainer.comm)
     try:
-        result = trainer.run(on_step=on_step if use_bar else None, on_epoch=on_epoch)
+        progress = elastic.report_in(trainer)          # under the supervisor: pid, host, steps done
+        step_hook = on_step if use_bar else None
+        if progress is not None:
+            step_hook = progress if step_hook is None else (lambda i: (on_step(i), progress(i)))
+        result = trainer.run(on_step=step_hook, on_epoch=on_epoch)
     except (NonFiniteError, Stopped) as error:       # raised on every rank at the same step
         if bar is not None:
             bar.close()
