@@ -165,3 +165,36 @@ def test_a_resume_at_another_rank_count_continues_from_the_same_sample(mpirun, t
     c = json.loads((tmp_path / "split.json").read_text())
     assert c["params_digest"] == b["params_digest"]
     assert [e["loss"] for e in c["epochs"]] == [e["loss"] for e in b["epochs"]]
+
+
+# -- a dead rank: the supervisor ------------------------------------------------------------------
+def test_kill_9_of_one_rank_of_4_and_the_run_completes_on_3(mpirun, tmp_path):
+    """``train --elastic -n 4``; rank 1 is killed with SIGKILL inside epoch 3 of 10. The run ends on 3
+    ranks with the final test accuracy of an uninterrupted 4-rank run within 1 point; the report
+    names the rank, the step, the steps redone (at most the checkpoint interval) and the recovery time."""
+    common = TRAIN + SMALL + ["--epochs", "10", "--seed", "1"]
+    _ok(mpirun(4, common + ["--json", tmp_path / "whole.json"], timeout=240))
+    whole = json.loads((tmp_path / "whole.json").read_text())
+    elastic = [sys.executable, *common, "--straggler", "0:30",                # slower, so that it can be hit
+               "--elastic", "-n", "4", "--min-ranks", "3", "--checkpoint-dir",
+               tmp_path / "ckpt", "--checkpoint-every", "10", "--json", tmp_path / "elastic.json"]
+    job = Job(4, None, command=[str(a) for a in elastic])
+    try:
+        job.wait_for_line(" 2/10  loss")
+        os.kill(_rank_process(job.proc.pid, 1), signal.SIGKILL)
+        result = _ok(job.finish(timeout=300))
+    finally:
+        job.kill()
+    out = result.stdout
+    assert "[elastic] rank 1 (pid" in out and "4 -> 3 ranks" in out, out[-3000:]
+    assert "replicas bitwise identical on all 3 ranks: yes" in out
+    report = json.loads((tmp_path / "elastic.json").read_text())
+    (loss,) = report["elastic"]["losses"]
+    assert loss["rank"] == 1 and loss["ranks_before"] == 4 and loss["ranks_after"] == 3
+    assert 0 <= loss["steps_redone"] <= 10 and loss["resumed_from"] % 10 == 0
+    assert loss["step"] == loss["resumed_from"] + loss["steps_redone"]
+    assert 0 < loss["recovery_seconds"] < 120
+    assert f"first step {loss['recovery_seconds']:.1f} s after the death" in out
+    assert report["ranks"] == 3 and [e["epoch"] for e in report["epochs"]] == list(range(1, 11))
+    assert abs(report["test_accuracy"] - whole["test_accuracy"]) <= 0.01, (report["test_accuracy"],
+                                                                           whole["test_accuracy"])
