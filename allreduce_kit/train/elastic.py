@@ -19,6 +19,7 @@ supervisor is passed to the job as SIGUSR1 (MPICH's ``mpiexec`` forwards it to e
 ranks stop at a step boundary with a checkpoint and the supervisor exits 75.
 """
 import argparse
+import atexit
 import json
 import os
 import re
@@ -49,7 +50,7 @@ PROG = "python -m allreduce_kit.train --elastic"
 class Loss:
     """One rank lost and the recovery from it."""
     rank: Optional[int]
-    pid: int
+    pid: Optional[int]
     host: str
     how: str                  # "killed by signal 9", ...
     step: Optional[int]       # the last step the job finished
@@ -62,7 +63,8 @@ class Loss:
 
     def line(self) -> str:
         who = f"rank {self.rank}" if self.rank is not None else "a rank"
-        head = (f"{who} (pid {self.pid} on {self.host}) lost after step {self.step}, {self.how}; "
+        where = f" (pid {self.pid} on {self.host})" if self.pid is not None else ""
+        head = (f"{who}{where} lost after step {self.step}, {self.how}; "
                 f"{self.ranks_before} -> {self.ranks_after} ranks")
         if self.recovery_seconds is None:
             return head
@@ -79,7 +81,10 @@ def report_in(trainer) -> Optional[callable]:
     if not directory:
         return None
     rank = trainer.comm.Get_rank()
-    _write(os.path.join(directory, f"rank-{rank}"), f"{os.getpid()} {socket.gethostname()}\n")
+    mine = os.path.join(directory, f"rank-{rank}")
+    _write(mine, f"{os.getpid()} {socket.gethostname()}\n")
+    # A rank that ends by itself says so: one that vanishes without this died (or was killed).
+    atexit.register(_write, mine + EXITED, "")
     if rank != 0:
         return None
     fd = os.open(os.path.join(directory, "progress"), os.O_WRONLY | os.O_CREAT, 0o644)
@@ -222,16 +227,19 @@ class Job:
         except subprocess.TimeoutExpired:
             self.proc.kill()
 
-    def dead(self) -> Optional[Tuple[int, str, str]]:
-        """(pid, host, how) of the process whose death ended the job: the one seen dead on this host,
-        else the one ``mpiexec`` names if it was killed by a signal; None if no rank died."""
-        text = "".join(self.text)
-        death, killed = HYDRA_DEATH.search(text), HYDRA_SIGNAL.search(text)
+    def dead(self) -> Optional[Tuple[Optional[int], str, str]]:
+        """(pid, host, how) of the process whose death ended the job: the one seen dead on this host;
+        else, if ranks were found dead together or ``mpiexec`` reports one killed by a signal, the
+        pid ``mpiexec`` names (None if it names none). None if no rank died."""
         if self.first_dead is not None and self.first_dead[0] is not None:
             return self.first_dead[0], socket.gethostname(), "died"
-        if not killed:
+        text = "".join(self.text)
+        death, killed = HYDRA_DEATH.search(text), HYDRA_SIGNAL.search(text)
+        if self.first_dead is None and not killed:
             return None
-        return (int(death.group(1)), death.group(2), f"killed by signal {killed.group(1)}") if death else None
+        how = "found dead with others (which went first could not be seen)" if self.first_dead else \
+            f"killed by signal {killed.group(1)}"
+        return (int(death.group(1)), death.group(2), how) if death else (None, "?", how)
 
 
 def _alive(pid: int) -> bool:
@@ -249,11 +257,15 @@ def _alive(pid: int) -> bool:
             return True
 
 
+EXITED = ".exited"
+
+
 def _registry(directory: str) -> Dict[int, Tuple[int, str]]:
-    """pid -> (rank, host) as the ranks of the last launch reported them."""
+    """pid -> (rank, host) of the ranks of the last launch that reported in and have not ended by themselves."""
     found = {}
-    for name in os.listdir(directory):
-        if name.startswith("rank-") and not name.endswith(".tmp"):
+    names = set(os.listdir(directory))
+    for name in names:
+        if name.startswith("rank-") and name[5:].isdigit() and name + EXITED not in names:
             try:
                 pid, host = open(os.path.join(directory, name)).read().split()
                 found[int(pid)] = (int(name[5:]), host)
@@ -331,11 +343,13 @@ def _supervise(known, rest: List[str], directory: str, mpiexec: str, report: str
             if status == 0 or stopping or status == STOPPED:
                 return _finish(status, losses, json_path)
             dead = job.dead()
+            if dead is not None and ("; aborting the job" in "".join(job.text) or "Aborting the job." in "".join(job.text)):
+                dead = None                    # a rank ended the job on an error: running it again would repeat it
             if dead is None:
                 _say(f"the job ended with status {status} and no rank was killed: not relaunched")
                 return _finish(status, losses, json_path)
             pid, host, how = dead
-            rank, _ = _registry(report).get(pid, (None, host))
+            rank, _ = _registry(report).get(pid, (None, host)) if pid is not None else (None, host)
             last = job.first_dead[2] if job.first_dead and job.first_dead[2] is not None else _progress(report)
             loss = Loss(rank, pid, host, how, last, ranks, ranks - 1)
             if losses and first_step is None:
