@@ -41,6 +41,13 @@ FAKE = textwrap.dedent(r'''
         with open(os.path.join(report, "progress"), "w") as f:
             f.write(f"{step:012d}\n")
     progress(start)
+    if plan.get("abort"):                    # a rank's uncaught error: the abort hook ends every rank
+        time.sleep(0.3)
+        print("allreduce_kit: uncaught ValueError on rank 1; aborting the job", flush=True)
+        for kid in kids:
+            kid.kill()
+            kid.wait()
+        sys.exit(1)
     if plan.get("die_at") is not None:
         if plan["die_at"] > start:
             time.sleep(0.3)
@@ -149,6 +156,9 @@ def test_a_second_death_during_recovery_fails_with_a_message(supervise):
 def test_a_job_that_fails_without_a_death_is_not_relaunched(supervise):
     result, launches = supervise([{"status": 2}])
     assert result.returncode == 2 and len(launches) == 1
+    assert "no rank was killed: not relaunched" in result.stdout
+    result, launches = supervise([{"abort": True}, {}])       # the ranks vanish, but on an error of their own
+    assert result.returncode == 1 and len(launches) == 1, result.stdout
     assert "no rank was killed: not relaunched" in result.stdout
 
 
