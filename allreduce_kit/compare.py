@@ -2,7 +2,9 @@
 
 Reads the ``summary`` that ``python -m allreduce_kit.train --json`` writes in both modes (the
 same keys for ``--mode sync`` and ``--mode async-ps``, see ``allreduce_kit/train/summary.py``),
-prints one row per field and one column per run, and with ``--plot`` draws the loss per epoch
+prints one row per field and one column per run (with the method: plain sync, ``--backup-workers``,
+``--local-sgd`` or ``--mode async-ps``; the median step; the allreduce traffic per sample; the
+training time to ``--target-accuracy``), and with ``--plot`` draws the loss per epoch
 against training time and against samples seen, every run on the same axes. It reads files only:
 it neither needs nor starts MPI, so it runs as one plain process.
 """
@@ -54,8 +56,38 @@ def losses(run: Dict[str, Any]) -> Dict[int, float]:
     return dict(zip(numbers, summary["loss_per_epoch"]))
 
 
-def table(runs: Sequence[Dict[str, Any]], names: Sequence[str]) -> str:
-    """Fields as rows, runs as columns; then the loss of every epoch, one row per epoch number."""
+def time_to_accuracy(run: Dict[str, Any], target: float) -> Optional[float]:
+    """Training seconds until the first epoch whose test accuracy reaches ``target`` (None: never)."""
+    seconds = 0.0
+    for epoch in run.get("epochs") or []:
+        seconds += float(epoch.get("seconds", 0.0))
+        if epoch.get("test_accuracy") is not None and epoch["test_accuracy"] >= target:
+            return seconds
+    return None
+
+
+def method(run: Dict[str, Any]) -> str:
+    """How the run trained: ``sync``, ``backup-workers B``, ``local-sgd H`` or ``async-ps`` (from its config)."""
+    config = run.get("config") or {}
+    if run["summary"]["mode"] != "sync":
+        return run["summary"]["mode"]
+    if (config.get("backup_workers") or 0) > 0:
+        return f"backup-workers {config['backup_workers']}"
+    if (config.get("local_sgd") or 1) > 1:
+        return f"local-sgd {config['local_sgd']}"
+    return "sync"
+
+
+def _number(value: Any, digits: int) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def table(runs: Sequence[Dict[str, Any]], names: Sequence[str], target: float = 0.95) -> str:
+    """Fields as rows, runs as columns; then the loss of every epoch, one row per epoch number.
+
+    After the shared fields: the method (plain sync, backup workers, local SGD or the parameter
+    server), the median step, the model's allreduce traffic per sample, the backup workers'
+    effective batch and largest dropped share, and the training time to ``target`` test accuracy."""
     rows: List[List[str]] = [["", *names]]
     for field in FIELDS:
         if field == "loss_per_epoch":
@@ -63,6 +95,21 @@ def table(runs: Sequence[Dict[str, Any]], names: Sequence[str]) -> str:
         rows.append([field.replace("_", " "), *(_cell(field, r["summary"].get(field)) for r in runs)])
     straggler = [r.get("config", {}).get("straggler") for r in runs]
     rows.append(["straggler", *("-" if not s else f"rank {s[0]} +{s[1]:g} ms" for s in straggler)])
+    jitter = [(r.get("config") or {}).get("jitter_ms") for r in runs]
+    if any(jitter):
+        rows.append(["jitter", *(f"+{j:g} ms mean" if j else "-" for j in jitter)])
+    straggler = [r.get("straggler") or {} for r in runs]
+    traffic = [r.get("communication") or {} for r in runs]
+    backup = [s.get("backup_workers") for s in straggler]
+    rows.append(["method", *map(method, runs)])
+    rows.append(["step ms p50", *(_number(s.get("step_ms_p50"), 2) for s in straggler)])
+    rows.append(["allreduce calls per sample", *(_number(c.get("calls_per_sample"), 5) for c in traffic)])
+    rows.append(["allreduce bytes per sample", *(_number(c.get("bytes_per_sample"), 1) for c in traffic)])
+    if any(backup):
+        rows.append(["effective global batch", *(_number(b and b["effective_global_batch_mean"], 1) for b in backup)])
+        rows.append(["dropped share max", *("-" if not b else f"{100 * max(r['dropped_share'] for r in b['ranks']):.0f}%"
+                                            for b in backup)])
+    rows.append([f"time to {100 * target:g}% test (s)", *(_number(time_to_accuracy(r, target), 2) for r in runs)])
     by_epoch = [losses(r) for r in runs]
     for e in sorted(set().union(*by_epoch)):
         rows.append([f"loss epoch {e}", *(f"{loss[e]:.4f}" if e in loss else "-" for loss in by_epoch)])
@@ -82,7 +129,7 @@ def repeats(names: Sequence[str]) -> List[Tuple[str, List[int]]]:
 
 def _label(run: Dict[str, Any], name: str, count: int = 1) -> str:
     summary = run["summary"]
-    label = f"{name} ({summary['mode']}, {summary['ranks']} rank{'' if summary['ranks'] == 1 else 's'}"
+    label = f"{name} ({method(run)}, {summary['ranks']} rank{'' if summary['ranks'] == 1 else 's'}"
     label += f", median of {count} runs)" if count > 1 else ")"
     if (run.get("config") or {}).get("straggler"):
         label += f", straggler {run['config']['straggler'][0]}:{run['config']['straggler'][1]:g}"
@@ -159,7 +206,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--median", action="store_true",
                         help="with --plot: draw runs whose file names differ only in a trailing -N (repeats of "
                              "one configuration) as one line, the median per epoch with bars over their range")
+    parser.add_argument("--target-accuracy", type=float, default=0.95, metavar="A",
+                        help="the row 'time to A test': training seconds until an epoch's test accuracy reaches A "
+                             "(a fraction, 0 < A <= 1)")
     args = parser.parse_args(argv)
+    if not 0 < args.target_accuracy <= 1:
+        parser.error(f"argument --target-accuracy: expected a fraction in (0, 1], got {args.target_accuracy:g}")
     runs = []
     for path in args.runs:
         try:
@@ -175,7 +227,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         except ImportError:
             parser.error("argument --plot: matplotlib is not installed; pip install 'allreduce_kit[plot]'")
     names = [os.path.splitext(os.path.basename(p))[0] for p in args.runs]
-    print(table(runs, names), flush=True)
+    print(table(runs, names, args.target_accuracy), flush=True)
     if args.plot:
         plot(args.plot, runs, names, median=args.median)
         print(f"wrote {args.plot}", flush=True)

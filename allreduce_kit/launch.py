@@ -78,12 +78,14 @@ def placement(comm: Optional[MPI.Comm] = None) -> str:
     for host in hosts:
         counts[host] = counts.get(host, 0) + 1
     per_host = ", ".join(f"{host}: {n}" for host, n in counts.items())
-    return f"MPI world of {comm.Get_size()} ranks on {len(counts)} host(s) ({per_host})"
+    from .cli import plural
+
+    return f"MPI world of {plural(comm.Get_size(), 'rank')} on {plural(len(counts), 'host')} ({per_host})"
 
 
 def main(argv: Optional[list] = None) -> None:
     """``python -m allreduce_kit.launch``: check the launch, then print the placement on rank 0."""
-    from .cli import RankZeroParser
+    from .cli import RankZeroParser, plural
 
     parser = RankZeroParser(prog="python -m allreduce_kit.launch",
                             description="Check that the ranks of this launch are connected (not N unconnected "
@@ -94,7 +96,7 @@ def main(argv: Optional[list] = None) -> None:
     line = placement()
     if MPI.COMM_WORLD.Get_rank() == 0:
         tasks = launched_tasks()
-        step = f"; Slurm step of {tasks} task(s)" if tasks is not None else ""
+        step = f"; Slurm step of {plural(tasks, 'task')}" if tasks is not None else ""
         print(f"{line}{step}; {MPI.Get_library_version().splitlines()[0].strip()}", flush=True)
 
 

@@ -31,7 +31,7 @@ from ..algorithms import ALGORITHMS
 from ..cli import RankZeroParser, is_root, outputs_problem, plural, say, write_json
 from ..launch import check_launch
 from ..threads import limit_threads
-from . import checkpoint, elastic, report, resize
+from . import checkpoint, elastic, modes, report, resize
 from .trainer import Config, NonFiniteError, ResumeError, Trainer
 from .signals import STOPPED_STATUS, StopSignals, Stopped
 # --mode sync|async-ps: the async side lives in async_main.py, the summary both share in summary.py
@@ -146,6 +146,7 @@ def build_parser() -> RankZeroParser:
                         "--test-fraction; for synthetic also --samples, --features, --classes) and model; at "
                         "another rank count the data continue from its sample, re-sharded (--on-resize)")
     add_reliability_options(p)
+    modes.add_arguments(p, _at_least)                  # --backup-workers, --local-sgd, ...
     async_main.add_arguments(p, _at_least)             # --mode, --servers, --max-staleness, ...
     elastic.add_arguments(p)                           # --elastic, -n, --min-ranks, --mpiexec
     return p
@@ -260,7 +261,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
-    problem = comm.bcast(settings_problem() or async_main.other_mode_problem(args, given_options(parser, args, argv))
+    given = given_options(parser, args, argv)
+    problem = comm.bcast(settings_problem() or async_main.other_mode_problem(args, given)
+                         or modes.problems(args, comm.Get_size(), given)
                          or _problems(args, comm.Get_size()) or _reliability_problems(args, comm.Get_size())
                          or async_main.problems(args, comm.Get_size()), root=0)
     if problem:
@@ -310,6 +313,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         say(f"injected straggler: rank {config.straggler[0]} +{config.straggler[1]:g} ms per step")
     if config.jitter_ms:
         say(f"injected jitter: every rank +uniform(0, {2 * config.jitter_ms:g}) ms per step")
+    if modes.header(config, ranks):
+        say(modes.header(config, ranks))
 
     bar = None
     use_bar = is_root() and (args.progress == "bar" or (args.progress == "auto" and sys.stderr.isatty()))
@@ -331,7 +336,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             bar = None
         say(line)
 
-    if config.checkpoint_dir:                        # SIGTERM/SIGUSR1: save at the next step boundary, exit 75
+    if config.checkpoint_dir and trainer.strategy is None:   # SIGTERM/SIGUSR1: save at the next step boundary, exit 75
         trainer.stop = StopSignals(trainer.comm)
     try:
         progress = elastic.report_in(trainer)          # under the supervisor: pid, host, steps done
@@ -366,6 +371,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f"{'' if s['steps'] == result['steps'] else '; timings of this run only, not of the steps before --resume'}):")
             say(report.headline(s))
             say(report.straggler_table(s))
+            if modes.report_text(result):
+                say(modes.report_text(result))
         if alone:
             ratio = s["transfer_ms_p50"] / alone["transfer_ms_p50"] if alone["transfer_ms_p50"] > 0 else float("nan")
             alone["trainer_transfer_ms_p50"] = s["transfer_ms_p50"]

@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 from .. import stall
 from ..cli import RankZeroParser, is_root, plural, say, write_json
-from . import report, staleness
+from . import modes, report, staleness
 from .async_ps import Options, run
 from .data import shard_batch
 from .summary import summary_lines
@@ -44,7 +44,7 @@ def recorded_config(parser: argparse.ArgumentParser, args: argparse.Namespace, c
     name, with the value the run used (``config``'s, e.g. the batch lowered to the shard; the
     stall timeout in effect); an option that does not apply to this run (the other mode's, the
     synthetic data set's sizes on digits, checkpoint options without --checkpoint-dir, the
-    warm-up without --lr-scaling linear) is recorded as null."""
+    warm-up without --lr-scaling linear, the local SGD options without --local-sgd) is recorded as null."""
     values = {a.dest: getattr(args, a.dest) for a in parser._actions if a.dest not in ("help", "version")}
     values.update(config.as_dict())
     values["stall_timeout"] = stall.default_timeout_now()
@@ -55,6 +55,7 @@ def recorded_config(parser: argparse.ArgumentParser, args: argparse.Namespace, c
         idle.update(CHECKPOINT_ONLY)
     if config.lr_scaling != "linear":
         idle.add("warmup_epochs")
+    idle.update(modes.idle_options(args.mode, config))
     return {name: None if name in idle else value for name, value in values.items()}
 
 

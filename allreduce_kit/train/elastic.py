@@ -202,6 +202,8 @@ class Job:
                     _say(f"recovered: first step on {loss.ranks_after} ranks {loss.recovery_seconds:.1f} s after "
                          f"the death")
             dead = [pid for pid, (rank, host) in _registry(report).items() if host == here and not _alive(pid)]
+            if dead:                           # read again: a rank that ended by itself said so before it ended
+                dead = [pid for pid in dead if pid in _registry(report)]
             if len(dead) == 1:
                 self.first_dead = (dead[0], time.monotonic(), step)
             elif dead:                         # seen too late to tell which went first

@@ -18,7 +18,7 @@ from .. import selection
 from ..collective import allreduce
 from ..comm import library_comm
 from ..params import average_buffer, bucket_bounds, broadcast_parameters
-from . import checkpoint, data, resize
+from . import checkpoint, data, modes, resize
 from .signals import StopSignals, stop_if_asked
 from .model import MLP
 from .optimizer import SGD, learning_rate
@@ -56,6 +56,10 @@ class Config:
     keep_checkpoints: int = 3
     on_nonfinite: str = "abort"                       # or "skip"
     inject_nan: Optional[Tuple[int, int]] = None     # (rank, step): a testing aid
+    backup_workers: int = 0                           # modes.py: backup.py, local_sgd.py
+    local_sgd: int = 1
+    local_sgd_warmup: int = 0
+    local_sgd_momentum: str = "average"
     accum_steps: Optional[int] = None                 # micro-batches per step (None: 1, or what a resize chooses)
     on_resize: str = "keep-batch"                     # or "rescale-lr" (resize.py)
 
@@ -106,6 +110,7 @@ class Trainer:
 
     def __init__(self, config: Config, comm: Optional[MPI.Intracomm] = None,
                  dataset: Optional[data.Dataset] = None):
+        modes.check(config, (comm or MPI.COMM_WORLD).Get_size())   # before any message
         self.comm = (comm or MPI.COMM_WORLD).Dup()       # the trainer's own few messages
         self.rank, self.ranks = self.comm.Get_rank(), self.comm.Get_size()
         self.data = dataset if dataset is not None else load_data(config)
@@ -153,6 +158,8 @@ class Trainer:
         self.comm.Barrier()
         #: The algorithm each bucket's allreduce runs: ``auto``'s choice by size (for the report).
         self.bucket_algorithms = self._algorithms_ran()
+        self.traffic = [0, 0]                            # the model's allreduce calls and bytes, this rank
+        self.strategy = modes.strategy_for(self)         # backup workers or local SGD; None: plain sync
 
     def _algorithms_ran(self) -> List[str]:
         if self.ranks == 1:
@@ -177,14 +184,19 @@ class Trainer:
         if self.config.jitter_ms > 0:
             pause(self.jitter_rng.uniform(0.0, 2.0 * self.config.jitter_ms) / 1e3)
         t1 = time.perf_counter()
+        if self.strategy is not None:                    # it averages, updates, records and counts the step
+            self.strategy.after_compute(idx, loss, correct, t0, t1)
+            return loss, correct
         average_buffer(self.model.grads, bucket_mb=self.config.bucket_mb, comm=self.comm,
                        algorithm=self.config.algorithm)
+        self.traffic[0] += self.buckets
+        self.traffic[1] += self.model.grads.nbytes
         t2 = time.perf_counter()
         # Every rank holds bitwise the same average, so every rank reaches the same verdict here
         # without another message.
         if not all_finite(self.model.grads):
             if self.config.on_nonfinite == "abort":
-                raise NonFiniteError(self.step + 1, self.step // self.steps_per_epoch + 1)
+                raise NonFiniteError(self.step + 1, self.plan.position(self.step)[0] + 1)
             self.skipped_steps.append(self.step + 1)
         else:
             lr = learning_rate(self.config.lr, self.ranks, self.config.lr_scaling, self.warmup_steps, self.step)
@@ -213,12 +225,15 @@ class Trainer:
                 carried, counted_from = self._carried["seconds"], 0
             self._carried = None
             self._open = {"epoch": epoch, "sums": sums, "start": time.perf_counter() - carried, "end": None}
+            start = self.step - first                    # the step at which this epoch began
             for i in range(first, len(batches)):
                 if self.step >= total:
                     break
+                if self.step > start + i:
+                    continue                             # a step this rank skipped (backup workers)
                 loss, correct = self.train_step(batches[i])
-                sums += (loss, correct, len(batches[i]))
-                if self._checkpoint_due() and i + 1 < len(batches):
+                sums += (loss, correct, len(batches[i])) if self.strategy is None else self.strategy.sums
+                if self._checkpoint_due() and self.step - start < len(batches):
                     self.save_checkpoint()               # within the epoch: with its sums so far
                 if i + 1 < len(batches):
                     stop_if_asked(self)                  # the epoch's last step is asked after its record
@@ -236,6 +251,8 @@ class Trainer:
                 self.save_checkpoint()                   # at the epoch's end: after its record, which it keeps
             if ended:
                 stop_if_asked(self)
+        if self.strategy is not None:
+            self.strategy.finish()
         self.timer.flush()
         if cfg.checkpoint_dir and self.saved_step != self.step:
             self.save_checkpoint()
@@ -284,9 +301,13 @@ class Trainer:
             "replicas_identical": identical,
             "params_digest": params_digest,
             "skipped_steps": self.skipped_steps,
+            "communication": modes.communication(*self.comm.allreduce(np.array(self.traffic, dtype=np.float64)) / self.ranks,
+                                                 samples),
         }
         if records is not None:
             out["straggler"] = analyse(records, self.hosts)
+        if self.strategy is not None:
+            self.strategy.amend(out, records)           # collective
         return out
 
     def allreduce_alone(self, calls: int) -> Optional[Dict[str, float]]:
@@ -329,6 +350,9 @@ class Trainer:
 
     def close(self) -> None:
         """Free the trainer's communicator (collective)."""
+        if getattr(self, "strategy", None) is not None:
+            self.strategy.close()
+            self.strategy = None
         if self.comm != MPI.COMM_NULL:
             self.comm.Free()
 
