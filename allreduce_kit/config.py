@@ -81,9 +81,13 @@ YIELD = Setting("ALLREDUCE_KIT_YIELD", boolean, True,
 ABORT_ON_ERROR = Setting("ALLREDUCE_KIT_ABORT_ON_ERROR", boolean, True,
                          "the CLIs and python -m allreduce_kit.run abort the whole job when one rank "
                          "raises an uncaught exception; 0 leaves the default (the other ranks hang)")
+ELASTIC_DIR = Setting("ALLREDUCE_KIT_ELASTIC_DIR", text, "",
+                      "set by python -m allreduce_kit.train --elastic for the ranks it launches: the directory "
+                      "where each rank writes its pid and host, and rank 0 the step it has finished; unset: "
+                      "not supervised")
 
 #: Every setting, in the order of the docs' table.
-SETTINGS: Tuple[Setting, ...] = (STALL_TIMEOUT, CHECK, TUNING, DIRECT, YIELD, ABORT_ON_ERROR)
+SETTINGS: Tuple[Setting, ...] = (STALL_TIMEOUT, CHECK, TUNING, DIRECT, YIELD, ABORT_ON_ERROR, ELASTIC_DIR)
 
 def read(setting: Setting, environ: Optional[Mapping[str, str]] = None) -> Any:
     """The setting's value from ``environ`` (default ``os.environ``), or its default if unset.

@@ -14,9 +14,11 @@ they run.
 import os
 import re
 import shutil
+import signal
 import socket
 import stat
 import subprocess
+import time
 from pathlib import Path
 from typing import Dict, List
 
@@ -118,6 +120,14 @@ def directives(script: Path) -> Dict[str, str]:
     return {m.group(1): m.group(2) or "" for m in re.finditer(r"^#SBATCH\s+--([\w-]+)(?:=(\S+))?", script.read_text(), re.M)}
 
 
+#: How ``sbatch -v`` shows a directive's value where it is not as written.
+SHOWN_AS = {
+    "signal": lambda value: value.split("@")[0],      # B:USR1@60 -> B:USR1 (the time is not shown)
+    "open-mode": lambda value: value[:1],             # append -> a
+    "requeue": lambda value: value or "requeue",      # a flag
+}
+
+
 def problems_sbatch_finds(sbatch, script: Path) -> List[str]:
     took, err = sbatch(script)
     found = [line for line in err.splitlines() if "unrecognized option" in line or "error: Invalid" in line]
@@ -127,6 +137,7 @@ def problems_sbatch_finds(sbatch, script: Path) -> List[str]:
     if "output" in took:
         took["output"] = os.path.basename(took["output"])  # sbatch makes it absolute
     for name, value in wanted.items():
+        value = SHOWN_AS.get(name, lambda v: v)(value)
         if took.get(name) != value:
             found.append(f"#SBATCH --{name}={value}: sbatch took {took.get(name)!r}")
     return found
@@ -177,6 +188,10 @@ exec "$@"
 PYTHON = r'''#!/bin/bash
 if [[ $1 == -c ]]; then [[ ${STUB_MATPLOTLIB:-1} == 1 ]]; exit; fi   # "import matplotlib"
 ''' + RECORD.split("\n", 1)[1] + r'''echo "stub program output"
+if [[ ${STUB_WAIT_USR1:-0} == 1 ]]; then      # a trainer that stops on SIGUSR1 with status 75
+    trap 'echo "stub got SIGUSR1"; exit 75' USR1
+    while :; do sleep 0.05; done
+fi
 exit "${STUB_STATUS:-0}"
 '''
 DECOY = "#!/bin/bash\necho \"the system's $(basename \"$0\") ran, not the environment's\" >&2\nexit 99\n"
@@ -240,6 +255,7 @@ def expected_program_args(script: str, out: Path, plot: bool = True) -> List[str
     files = ["--json", str(out / "results.json")]
     files += [extra[0], str(out / extra[1])] if extra else []
     files += ["--plot", str(out / plot_name)] if plot else []
+    files += ["--checkpoint-dir", str(out / "checkpoints")] if script == "train.sbatch" else []
     return ["-m", f"allreduce_kit.{program}", *files]
 
 
@@ -309,3 +325,40 @@ def test_outside_an_allocation_the_script_stops_before_launching(job):
     assert "SLURM_JOB_ID: is not set: submit this script with sbatch" in result.stderr
     assert not job.called("srun") and not job.called("python")
     assert not (job.submit / "runs").exists()
+
+
+def test_a_warning_signal_reaches_the_ranks_and_a_stopped_run_is_requeued_then_resumed(job):
+    """SIGUSR1 to the batch shell (``--signal=B:USR1@60``) reaches the program through the launcher;
+    its status 75 (stopped with a checkpoint) requeues the job; the requeued job passes --resume."""
+    _executable(job.submit.parent / "stubs" / "scontrol", RECORD)
+    proc = subprocess.Popen(["bash", str(REPO / "jobs" / "train.sbatch"), "--epochs", "3"], cwd=job.submit,
+                            env={**job.env, "STUB_WAIT_USR1": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not job.called("python"):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGUSR1)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 75, out + err
+    assert "stub got SIGUSR1" in out
+    assert job.called("scontrol")[1:] == ["requeue", "4242"]
+    out_dir = job.submit / "runs" / "train-4242"
+    log = (out_dir / "train.log").read_text()
+    assert "stub got SIGUSR1" in log and "exited with status 75" in log and "requeueing job 4242" in log
+    assert "--resume" not in job.called("python")
+    # The requeued job (same id, same run directory) finds the checkpoint and resumes from it.
+    (out_dir / "checkpoints").mkdir(exist_ok=True)
+    (out_dir / "checkpoints" / "checkpoint-000000040.npz").write_bytes(b"")
+    (job.record / "scontrol.args").unlink()
+    again = job.run("train.sbatch", ["--epochs", "3"], SLURM_RESTART_COUNT="1")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert job.called("python")[1:] == [*expected_program_args("train.sbatch", out_dir), "--resume", "--epochs", "3"]
+    assert not job.called("scontrol")
+    assert "restart 1 of job 4242: resuming" in (out_dir / "train.log").read_text()

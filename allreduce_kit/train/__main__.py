@@ -7,6 +7,12 @@ import time
 STARTED = time.perf_counter()                          # the summary's wall time counts from here
 
 if __name__ == "__main__":  # abort-on-error and heavy yield, asked for before MPI starts
+    import sys
+
+    if "--elastic" in sys.argv[1:]:                    # the supervisor: one process, without MPI (elastic.py)
+        from .elastic import main as supervise
+
+        sys.exit(supervise(sys.argv[1:]))
     from ..run import prepare
 
     prepare()
@@ -25,8 +31,9 @@ from ..algorithms import ALGORITHMS
 from ..cli import RankZeroParser, is_root, outputs_problem, plural, say, write_json
 from ..launch import check_launch
 from ..threads import limit_threads
-from . import checkpoint, modes, report
+from . import checkpoint, elastic, modes, report, resize
 from .trainer import Config, NonFiniteError, ResumeError, Trainer
+from .signals import STOPPED_STATUS, StopSignals, Stopped
 # --mode sync|async-ps: the async side lives in async_main.py, the summary both share in summary.py
 from . import async_main
 from .summary import build_summary, summary_lines
@@ -97,6 +104,7 @@ def build_parser() -> RankZeroParser:
     g.add_argument("--dtype", choices=("float32", "float64"), default=d.dtype, help="parameter and data dtype")
     g.add_argument("--seed", type=int, default=d.seed, help="seed for data, split, shuffling, init and jitter")
     g.add_argument("--max-steps", type=_at_least(0), default=d.max_steps, help="stop after this many steps (0: no limit)")
+    resize.add_arguments(g, _at_least)               # --accum-steps, --on-resize
     g = p.add_argument_group("data")
     g.add_argument("--dataset", choices=("digits", "synthetic"), default=d.dataset,
                    help="digits: scikit-learn's bundled 8x8 digits; synthetic: generated from --seed")
@@ -135,11 +143,12 @@ def build_parser() -> RankZeroParser:
     g.add_argument("--resume", action="store_true",
                    help="continue from the newest checkpoint in DIR, with its history (per-epoch metrics, "
                         "counters); it must come from a --mode sync run with the same data (--dataset, --seed, "
-                        "--test-fraction; for synthetic also --samples, --features, --classes), model, rank "
-                        "count and batch size")
+                        "--test-fraction; for synthetic also --samples, --features, --classes) and model; at "
+                        "another rank count the data continue from its sample, re-sharded (--on-resize)")
     add_reliability_options(p)
     modes.add_arguments(p, _at_least)                  # --backup-workers, --local-sgd, ...
     async_main.add_arguments(p, _at_least)             # --mode, --servers, --max-staleness, ...
+    elastic.add_arguments(p)                           # --elastic, -n, --min-ranks, --mpiexec
     return p
 
 
@@ -193,6 +202,9 @@ def _problems(args, ranks: int) -> Optional[str]:
         return f"argument --test-fraction: must be < 1, got {args.test_fraction}"
     if args.straggler and args.straggler[0] >= ranks:
         return f"argument --straggler: rank {args.straggler[0]} does not exist in a job of {plural(ranks, 'rank')} (0..{ranks - 1})"
+    for name in ("elastic", "ranks", "min_ranks", "mpiexec"):   # the supervisor takes these before MPI starts
+        if getattr(args, name) not in (None, False):
+            return f"argument --{name.replace('_', '-')}: only for the supervisor, python -m allreduce_kit.train --elastic -n P (one process, not under mpirun)"
     if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
         return f"argument {'--resume' if args.resume else '--checkpoint-every'}: needs --checkpoint-dir"
     total = 1797 if args.dataset == "digits" else args.samples
@@ -282,12 +294,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"{d.classes} classes; {plural(trainer.steps_per_epoch, 'step')} per epoch on shards of {len(d.y_train) // ranks}")
     say(f"model: MLP {trainer.model.describe()}, {trainer.model.size:,} parameters, one {config.dtype} "
         f"gradient buffer of {trainer.model.grads.nbytes / 1e6:.2f} MB in {plural(trainer.buckets, 'bucket')}; "
-        f"batch {config.batch_size}/rank ({config.batch_size * ranks} global"
-        + (f"; --batch-size {args.batch_size} is more than a rank's shard" if args.batch_size > config.batch_size else "")
+        f"batch {config.batch_size}/rank"
+        + (f" x {trainer.plan.accum} accumulation steps" if trainer.plan.accum > 1 else "")
+        + f" ({config.batch_size * ranks * trainer.plan.accum} global"
+        + (f"; --batch-size {args.batch_size} is more than a rank's shard" if args.batch_size > config.batch_size and not trainer.resize_note else "")
         + f"), lr {config.lr}"
         f"{' x ' + str(ranks) + ' (linear scaling)' if config.lr_scaling == 'linear' else ''}, "
         f"algorithm {_algorithm_note(config.algorithm, trainer.bucket_algorithms)}"
         + (f"; resumed at step {trainer.step}" if config.resume else ""))
+    if trainer.resize_note:
+        say(trainer.resize_note)
     if trainer.step >= trainer.total_steps():
         say(f"nothing to train: the checkpoint is at step {trainer.step} and this run ends at step "
             f"{trainer.total_steps()}; raise --epochs (or --max-steps) to continue")
@@ -320,14 +336,23 @@ def main(argv: Optional[List[str]] = None) -> int:
             bar = None
         say(line)
 
+    if config.checkpoint_dir and trainer.strategy is None:   # SIGTERM/SIGUSR1: save at the next step boundary, exit 75
+        trainer.stop = StopSignals(trainer.comm)
     try:
-        result = trainer.run(on_step=on_step if use_bar else None, on_epoch=on_epoch)
-    except NonFiniteError as error:                  # raised on every rank at the same step
+        progress = elastic.report_in(trainer)          # under the supervisor: pid, host, steps done
+        step_hook = on_step if use_bar else None
+        if progress is not None:
+            step_hook = progress if step_hook is None else (lambda i: (on_step(i), progress(i)))
+        result = trainer.run(on_step=step_hook, on_epoch=on_epoch)
+    except (NonFiniteError, Stopped) as error:       # raised on every rank at the same step
         if bar is not None:
             bar.close()
         say(f"{parser.prog}: {error}", file=sys.stderr)
         trainer.close()
-        return 1
+        return STOPPED_STATUS if isinstance(error, Stopped) else 1
+    finally:
+        if trainer.stop is not None:
+            trainer.stop.close()
     alone = trainer.allreduce_alone(args.bench_allreduce) if args.bench_allreduce else None
     if is_root():
         s = result["straggler"]

@@ -15,11 +15,11 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import selection
-from ..cli import plural
 from ..collective import allreduce
 from ..comm import library_comm
 from ..params import average_buffer, bucket_bounds, broadcast_parameters
-from . import checkpoint, data, modes
+from . import checkpoint, data, modes, resize
+from .signals import StopSignals, stop_if_asked
 from .model import MLP
 from .optimizer import SGD, learning_rate
 from .summary import epoch_record
@@ -60,6 +60,8 @@ class Config:
     local_sgd: int = 1
     local_sgd_warmup: int = 0
     local_sgd_momentum: str = "average"
+    accum_steps: Optional[int] = None                 # micro-batches per step (None: 1, or what a resize chooses)
+    on_resize: str = "keep-batch"                     # or "rescale-lr" (resize.py)
 
     def as_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -120,7 +122,13 @@ class Trainer:
         self.model.init(np.random.default_rng([config.seed, 4, self.rank]))
         broadcast_parameters(self.model.params, root=0, comm=self.comm)
         self.optimizer = SGD(self.model.size, self.model.dtype, config.momentum, config.weight_decay)
-        self.steps_per_epoch = data.steps_per_epoch(len(self.data.y_train), self.ranks, config.batch_size)
+        #: Which samples each step takes (resize.py); a resume moves it to the checkpoint's sample.
+        self.plan = resize.Plan(len(self.data.y_train), self.ranks, self.rank, config.batch_size,
+                                config.accum_steps or 1, config.seed)
+        self.steps_per_epoch = self.plan.steps_per_epoch
+        self.resize_note: Optional[str] = None           # what a resume at another rank count changed
+        #: The global batch the run started with (its --lr is for that batch; --on-resize rescale-lr scales it).
+        self.base_global_batch = config.batch_size * self.ranks * self.plan.accum
         self.warmup_steps = int(round(config.warmup_epochs * self.steps_per_epoch))
         self.jitter_rng = np.random.default_rng([config.seed, 5, self.rank])
         self.delay = config.straggler[1] / 1e3 if config.straggler and config.straggler[0] == self.rank else 0.0
@@ -131,6 +139,8 @@ class Trainer:
         self.saved_step = -1
         self.nan_at = config.inject_nan[1] if config.inject_nan and config.inject_nan[0] == self.rank else 0
         self.history: List[Dict[str, Any]] = []
+        #: Stop at a step boundary on SIGTERM/SIGUSR1 (signals.py), if the caller installed one.
+        self.stop: Optional[StopSignals] = None
         # The epoch under way (its sums so far on this rank, its clock), and one carried over in a checkpoint.
         self._open: Optional[Dict[str, Any]] = None
         self._carried: Optional[Dict[str, Any]] = None
@@ -163,7 +173,10 @@ class Trainer:
     def train_step(self, idx: np.ndarray) -> Tuple[float, int]:
         """Compute, average, update on this rank's batch ``idx``; records the three times."""
         t0 = time.perf_counter()
-        loss, correct = self.model.forward_backward(self.data.X_train[idx], self.data.y_train[idx])
+        if self.plan.accum > 1:                          # --accum-steps: micro-batches averaged here
+            loss, correct = resize.accumulate(self, idx)
+        else:
+            loss, correct = self.model.forward_backward(self.data.X_train[idx], self.data.y_train[idx])
         if self.nan_at == self.step + 1:
             self.model.grads[0] = np.nan                 # --inject-nan: a testing aid
         if self.delay:
@@ -183,7 +196,7 @@ class Trainer:
         # without another message.
         if not all_finite(self.model.grads):
             if self.config.on_nonfinite == "abort":
-                raise NonFiniteError(self.step + 1, self.step // self.steps_per_epoch + 1)
+                raise NonFiniteError(self.step + 1, self.plan.position(self.step)[0] + 1)
             self.skipped_steps.append(self.step + 1)
         else:
             lr = learning_rate(self.config.lr, self.ranks, self.config.lr_scaling, self.warmup_steps, self.step)
@@ -194,7 +207,7 @@ class Trainer:
         return loss, correct
 
     def total_steps(self) -> int:
-        total = self.config.epochs * self.steps_per_epoch
+        total = self.plan.total_steps(self.config.epochs)
         return min(total, self.config.max_steps) if self.config.max_steps > 0 else total
 
     # -- the loop ---------------------------------------------------------------------------
@@ -203,9 +216,8 @@ class Trainer:
         """Train until ``epochs`` (or ``max_steps``) and return the run's results (report on rank 0)."""
         cfg, total = self.config, self.total_steps()
         while self.step < total:
-            epoch, first = divmod(self.step, self.steps_per_epoch)
-            batches = data.epoch_batches(len(self.data.y_train), self.ranks, self.rank,
-                                         cfg.batch_size, cfg.seed, epoch)
+            epoch, first = self.plan.position(self.step)
+            batches = self.plan.batches(epoch)
             sums = np.zeros(3, dtype=np.float64)        # this rank's loss sum, correct, samples
             carried, counted_from = 0.0, first          # steps before this run count if a checkpoint carried them
             if self._carried is not None and self._carried["epoch"] == epoch:
@@ -213,25 +225,32 @@ class Trainer:
                 carried, counted_from = self._carried["seconds"], 0
             self._carried = None
             self._open = {"epoch": epoch, "sums": sums, "start": time.perf_counter() - carried, "end": None}
+            start = self.step - first                    # the step at which this epoch began
             for i in range(first, len(batches)):
                 if self.step >= total:
                     break
-                if self.step > epoch * self.steps_per_epoch + i:
+                if self.step > start + i:
                     continue                             # a step this rank skipped (backup workers)
                 loss, correct = self.train_step(batches[i])
                 sums += (loss, correct, len(batches[i])) if self.strategy is None else self.strategy.sums
-                if self._checkpoint_due() and self.step - epoch * self.steps_per_epoch < len(batches):
+                if self._checkpoint_due() and self.step - start < len(batches):
                     self.save_checkpoint()               # within the epoch: with its sums so far
+                if i + 1 < len(batches):
+                    stop_if_asked(self)                  # the epoch's last step is asked after its record
                 if on_step:
                     on_step(i + 1)
             self._open["end"] = time.perf_counter()
             elapsed = self._open["end"] - self._open["start"]
+            ended = self.plan.position(self.step)[0] > epoch
             self.history.append(self._epoch_metrics(epoch, sums, elapsed,
-                                                    self.step - epoch * self.steps_per_epoch - counted_from))
+                                                    (len(batches) if ended else self.plan.position(self.step)[1])
+                                                    - counted_from))
             if on_epoch:
                 on_epoch(self.history[-1])
-            if self.step % self.steps_per_epoch == 0 and self._checkpoint_due():
+            if ended and self._checkpoint_due():
                 self.save_checkpoint()                   # at the epoch's end: after its record, which it keeps
+            if ended:
+                stop_if_asked(self)
         if self.strategy is not None:
             self.strategy.finish()
         self.timer.flush()
@@ -341,7 +360,7 @@ class Trainer:
     def _open_epoch(self) -> Optional[Tuple[List[float], float]]:
         """The epoch under way at this step, if some but not all of its steps are done: this rank's
         sums so far (loss, correct, samples) and the seconds it has taken so far."""
-        epoch, into = divmod(self.step, self.steps_per_epoch)
+        epoch, into = self.plan.position(self.step)
         if into == 0:
             return None
         for state in (self._open, self._carried):
@@ -359,7 +378,7 @@ class Trainer:
         now = self._open_epoch()
         gathered = self.comm.gather((self.jitter_rng.bit_generator.state, None if now is None else now[0]), root=0)
         if self.rank == 0:
-            done = self.step // self.steps_per_epoch
+            done, into = self.plan.position(self.step)
             meta = {"ranks": self.ranks, "batch_size": self.config.batch_size, "widths": self.model.widths,
                     "dtype": self.model.dtype.name, "seed": self.config.seed, "mode": "sync",
                     "data_rng": {"scheme": "permutation of epoch e drawn from numpy default_rng([seed, 3, e])",
@@ -368,11 +387,17 @@ class Trainer:
                     "history": [e for e in self.history if e["epoch"] <= done],
                     "open_epoch": None if now is None else {"epoch": done, "sums": [sums for _, sums in gathered],
                                                             "seconds": now[1]},
-                    "config": self.config.as_dict()}
+                    "config": self.config.as_dict(), **self._position_record(into)}
             checkpoint.save(self.config.checkpoint_dir, self.step,
                             {"params": self.model.params, "velocity": self.optimizer.velocity}, meta,
                             keep=self.config.keep_checkpoints)
         self.saved_step = self.step
+
+    def _position_record(self, into: int) -> Dict[str, Any]:
+        """What a checkpoint records of the position in the data (in samples) and the batch it was reached with."""
+        epoch, offset = self.plan.offset(self.step)
+        return {"position": {"epoch": epoch, "offset": offset, "steps": into}, "accum_steps": self.plan.accum,
+                "base_global_batch": self.base_global_batch, "lr": self.config.lr}
 
     def _mismatch(self, path: str, meta: Dict[str, Any], arrays: Dict[str, np.ndarray]) -> Optional[str]:
         """Why the checkpoint at ``path`` does not fit this run, or None."""
@@ -398,12 +423,6 @@ class Trainer:
             if got is None or got.shape != expected.shape or got.dtype != expected.dtype:
                 return (f"{path} holds {name} of shape {None if got is None else got.shape}, this model needs "
                         f"{expected.shape} {expected.dtype}")
-        # A step count is a position in the data order, which is sharded by rank count and batch size.
-        shard = len(self.data.y_train) // self.ranks
-        if meta["ranks"] != self.ranks or min(meta["batch_size"], shard) != self.config.batch_size:
-            return (f"{path} was written by a job of {plural(meta['ranks'], 'rank')} with --batch-size "
-                    f"{meta['batch_size']}; this job has {plural(self.ranks, 'rank')} with --batch-size {self.config.batch_size}, and its step "
-                    f"{meta['step']} would mean other samples (resume with the same rank count and batch size)")
         return None
 
     def _resume(self) -> None:
@@ -437,10 +456,28 @@ class Trainer:
         broadcast_parameters(self.model.params, root=0, comm=self.comm)
         broadcast_parameters(self.optimizer.velocity, root=0, comm=self.comm)
         self.step = self.saved_step = int(meta["step"])
+        self._resize(meta)
         self.skipped_steps = list(meta.get("skipped_steps", []))
         self.history = [dict(record) for record in meta.get("history", [])]   # older checkpoints hold none
         now = meta.get("open_epoch")
         if now:
-            self._carried = {"epoch": int(now["epoch"]), "sums": np.asarray(now["sums"][self.rank], dtype=np.float64),
+            sums = now["sums"][self.rank] if meta["ranks"] == self.ranks else \
+                np.sum(now["sums"], axis=0) * (self.rank == 0)   # at another rank count: all on rank 0
+            self._carried = {"epoch": int(now["epoch"]), "sums": np.asarray(sums, dtype=np.float64),
                              "seconds": float(now["seconds"])}
-        self.jitter_rng.bit_generator.state = meta["jitter_rng_states"][self.rank]
+        if self.rank < len(meta["jitter_rng_states"]):
+            self.jitter_rng.bit_generator.state = meta["jitter_rng_states"][self.rank]
+
+    def _resize(self, meta: Dict[str, Any]) -> None:
+        """Continue from the checkpoint's sample at this rank count, batch and accumulation (resize.py)."""
+        cfg = self.config
+        batch, accum, lr, self.resize_note = resize.resize_config(meta, self.ranks, cfg.batch_size, cfg.accum_steps,
+                                                                  cfg.on_resize, cfg.lr)
+        self.config = cfg = replace(cfg, batch_size=batch, accum_steps=accum, lr=lr)
+        self.base_global_batch = int(meta.get("base_global_batch", meta["ranks"] * meta["batch_size"]
+                                              * meta.get("accum_steps", 1)))
+        where = resize.position_of(meta, len(self.data.y_train))
+        self.plan = replace(self.plan, batch=batch, accum=accum, step0=self.step, epoch0=where["epoch"],
+                            offset0=where["offset"], before=where["steps"])
+        self.steps_per_epoch = self.plan.steps_per_epoch
+        self.warmup_steps = int(round(cfg.warmup_epochs * self.steps_per_epoch))

@@ -1,0 +1,395 @@
+"""``python -m allreduce_kit.train --elastic -n P --min-ranks M ...``: training that outlives a dead rank.
+
+The supervisor is one ordinary process (no MPI in it). It launches ``mpiexec -n P python -m
+allreduce_kit.train ...`` with ``--checkpoint-every N`` and watches it. Each rank reports its pid
+and host, and rank 0 the step it has finished, in a directory of the supervisor's
+(``ALLREDUCE_KIT_ELASTIC_DIR``). When a rank dies, MPICH's ``mpiexec`` ends the job and names the
+dead process's pid; the supervisor looks the pid up, and relaunches training on the survivors'
+count (P - 1) with ``--resume`` from the newest checkpoint, which re-shards the data from the
+checkpoint's sample (``--on-resize``). It repeats that while at least ``--min-ranks`` ranks are
+left, and at the end reports every loss: which rank, at which step, the recovery time (from the
+end of the broken job to the first step of the new one), the steps redone, the rank count after.
+
+Recovery fails cleanly, with a message and status 1, never a hang: fewer survivors than
+``--min-ranks``; a rank dying again before the relaunched job's first step; no checkpoint it can
+read (a corrupt newest checkpoint is moved aside, ``.corrupt``, and the one before is used, with
+a message saying so). A job that ends without a rank dying (a bad option, a non-finite gradient,
+a stop on a signal) is not relaunched: its status is the supervisor's. SIGTERM or SIGUSR1 to the
+supervisor is passed to the job as SIGUSR1 (MPICH's ``mpiexec`` forwards it to every rank): the
+ranks stop at a step boundary with a checkpoint and the supervisor exits 75.
+"""
+import argparse
+import atexit
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .. import config
+from . import checkpoint
+
+__all__ = ["main", "add_arguments", "report_in", "Loss"]
+
+#: The status of a failed recovery (fewer survivors than --min-ranks, a death during recovery, no usable checkpoint).
+FAILED = 1
+STOPPED = 75
+DEFAULT_CHECKPOINT_EVERY = 20
+PROG = "python -m allreduce_kit.train --elastic"
+
+
+@dataclass
+class Loss:
+    """One rank lost and the recovery from it."""
+    rank: Optional[int]
+    pid: Optional[int]
+    host: str
+    how: str                  # "killed by signal 9", ...
+    step: Optional[int]       # the last step the job finished
+    ranks_before: int
+    ranks_after: int
+    resumed_from: Optional[int] = None      # the checkpoint's step (None: from the start)
+    steps_redone: Optional[int] = None
+    recovery_seconds: Optional[float] = None   # from the death (or the job's end) to the first step after it
+    died_at: float = 0.0
+
+    def line(self) -> str:
+        who = f"rank {self.rank}" if self.rank is not None else "a rank"
+        where = f" (pid {self.pid} on {self.host})" if self.pid is not None else ""
+        head = (f"{who}{where} lost after step {self.step}, {self.how}; "
+                f"{self.ranks_before} -> {self.ranks_after} ranks")
+        if self.recovery_seconds is None:
+            return head
+        return (head + f"; resumed from {'step ' + str(self.resumed_from) if self.resumed_from else 'the start'} "
+                f"({self.steps_redone} step{'s' if self.steps_redone != 1 else ''} redone), first step "
+                f"{self.recovery_seconds:.1f} s after the death")
+
+
+# -- the ranks' side --------------------------------------------------------------------------------
+def report_in(trainer) -> Optional[callable]:
+    """Under the supervisor: write this rank's pid and host, and return rank 0's per-step hook
+    (writes the step finished); None when not supervised or not rank 0."""
+    directory = config.read(config.ELASTIC_DIR)
+    if not directory:
+        return None
+    rank = trainer.comm.Get_rank()
+    mine = os.path.join(directory, f"rank-{rank}")
+    _write(mine, f"{os.getpid()} {socket.gethostname()}\n")
+    # A rank that ends by itself says so: one that vanishes without this died (or was killed).
+    atexit.register(_write, mine + EXITED, "")
+    if rank != 0:
+        return None
+    fd = os.open(os.path.join(directory, "progress"), os.O_WRONLY | os.O_CREAT, 0o644)
+
+    def progress(_: int) -> None:
+        os.pwrite(fd, f"{trainer.step:012d}\n".encode(), 0)
+    progress(0)
+    return progress
+
+
+def _write(path: str, text: str) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as out:
+        out.write(text)
+    os.replace(tmp, path)
+
+
+# -- the supervisor ---------------------------------------------------------------------------------
+def add_arguments(parser) -> None:
+    """The supervisor's options, shown in the trainer's --help."""
+    g = parser.add_argument_group("elastic training (docs/elastic.md)")
+    g.add_argument("--elastic", action="store_true",
+                   help="run as the supervisor (one process, not under mpirun): launch -n ranks with mpiexec, "
+                        "and when a rank dies relaunch on the survivors from the newest checkpoint")
+    g.add_argument("-n", "--ranks", type=int, default=None, metavar="P", help="--elastic: ranks to start with")
+    g.add_argument("--min-ranks", type=int, default=None, metavar="M",
+                   help="--elastic: give up (status 1) when fewer than M ranks would be left (default 1)")
+    g.add_argument("--mpiexec", default=None, metavar="PATH",
+                   help="--elastic: the MPI launcher (default: the mpiexec beside this Python, else on PATH)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, add_help=False)
+    p.add_argument("--elastic", action="store_true")
+    p.add_argument("-n", "--ranks", type=int)
+    p.add_argument("--min-ranks", type=int, default=1)
+    p.add_argument("--mpiexec", default=None)
+    return p
+
+
+def _value(rest: List[str], option: str) -> Optional[str]:
+    """The last value of ``option`` among the trainer's arguments (``--opt V`` or ``--opt=V``)."""
+    found = None
+    for i, arg in enumerate(rest):
+        if arg == option and i + 1 < len(rest):
+            found = rest[i + 1]
+        elif arg.startswith(option + "="):
+            found = arg.split("=", 1)[1]
+    return found
+
+
+def _error(message: str, status: int = 2) -> int:
+    sys.stderr.write(f"{PROG}: error: {message}\n")
+    return status
+
+
+def _say(message: str) -> None:
+    sys.stdout.write(f"[elastic] {message}\n")
+    sys.stdout.flush()
+
+
+def usable_checkpoint(directory: str) -> Tuple[Optional[int], List[str]]:
+    """The newest checkpoint in ``directory`` that loads, as its step (None: there is none), and a
+    message for each corrupt one met on the way, which is moved aside (``NAME.corrupt``)."""
+    notes = []
+    if not os.path.isdir(directory):
+        return None, notes
+    for step, path in reversed(checkpoint.listing(directory)):
+        try:
+            checkpoint.load(path)
+            return step, notes
+        except checkpoint.CheckpointError as bad:
+            os.replace(path, path + ".corrupt")
+            notes.append(f"{bad}: moved aside to {os.path.basename(path)}.corrupt; falling back to the one before")
+    return None, notes
+
+
+HYDRA_DEATH = re.compile(r"BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\s*=\s*PID (\d+) RUNNING AT (\S+)")
+HYDRA_SIGNAL = re.compile(r"EXIT STRING: .*\(signal (\d+)\)")
+
+
+class Job:
+    """One launch: ``mpiexec -n P python -m allreduce_kit.train ...``, its output passed through and kept."""
+
+    def __init__(self, command: List[str], env: Dict[str, str]):
+        self.proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     stdin=subprocess.DEVNULL, text=True, errors="replace")
+        self.text: List[str] = []
+        #: (pid or None, when, rank 0's last step) of the first rank seen dead on this host.
+        self.first_dead: Optional[Tuple[Optional[int], float, Optional[int]]] = None
+        self.readers = [threading.Thread(target=self._pass, args=(src, dst), daemon=True)
+                        for src, dst in ((self.proc.stdout, sys.stdout), (self.proc.stderr, sys.stderr))]
+        for reader in self.readers:
+            reader.start()
+
+    def _pass(self, src, dst) -> None:
+        for line in src:
+            self.text.append(line)
+            dst.write(line)
+            dst.flush()
+
+    def watch(self, report: str, loss: Optional["Loss"]) -> Optional[int]:
+        """Until the job ends, look every 10 ms at the ranks on this host: the first found dead is the
+        one whose death ends the job (``mpiexec`` kills the others a little later). After a
+        relaunch (``loss``), also wait for the first step past the checkpoint and time the recovery.
+        Returns the first step seen, or None if the job ended before it."""
+        here, first = socket.gethostname(), None
+        start = (loss.resumed_from or 0) if loss is not None else -1
+        while self.proc.poll() is None and self.first_dead is None:
+            step = _progress(report)
+            if first is None and step is not None and step > start:
+                first = step
+                if loss is not None:
+                    loss.recovery_seconds = time.monotonic() - loss.died_at
+                    _say(f"recovered: first step on {loss.ranks_after} ranks {loss.recovery_seconds:.1f} s after "
+                         f"the death")
+            dead = [pid for pid, (rank, host) in _registry(report).items() if host == here and not _alive(pid)]
+            if dead:                           # read again: a rank that ended by itself said so before it ended
+                dead = [pid for pid in dead if pid in _registry(report)]
+            if len(dead) == 1:
+                self.first_dead = (dead[0], time.monotonic(), step)
+            elif dead:                         # seen too late to tell which went first
+                self.first_dead = (None, time.monotonic(), step)
+            time.sleep(0.01)
+        return first
+
+    def wait(self) -> int:
+        status = self.proc.wait()
+        for reader in self.readers:
+            reader.join(timeout=10)
+        return status
+
+    def end_survivors(self, report: str) -> None:
+        """After a rank's death: kill the ranks left on this host, then the launcher if it lingers."""
+        for pid in _registry(report):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+    def dead(self) -> Optional[Tuple[Optional[int], str, str]]:
+        """(pid, host, how) of the process whose death ended the job: the one seen dead on this host;
+        else, if ranks were found dead together or ``mpiexec`` reports one killed by a signal, the
+        pid ``mpiexec`` names (None if it names none). None if no rank died."""
+        if self.first_dead is not None and self.first_dead[0] is not None:
+            return self.first_dead[0], socket.gethostname(), "died"
+        text = "".join(self.text)
+        death, killed = HYDRA_DEATH.search(text), HYDRA_SIGNAL.search(text)
+        if self.first_dead is None and not killed:
+            return None
+        how = "found dead with others (which went first could not be seen)" if self.first_dead else \
+            f"killed by signal {killed.group(1)}"
+        return (int(death.group(1)), death.group(2), how) if death else (None, "?", how)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+
+EXITED = ".exited"
+
+
+def _registry(directory: str) -> Dict[int, Tuple[int, str]]:
+    """pid -> (rank, host) of the ranks of the last launch that reported in and have not ended by themselves."""
+    found = {}
+    names = set(os.listdir(directory))
+    for name in names:
+        if name.startswith("rank-") and name[5:].isdigit() and name + EXITED not in names:
+            try:
+                pid, host = open(os.path.join(directory, name)).read().split()
+                found[int(pid)] = (int(name[5:]), host)
+            except (OSError, ValueError):
+                continue
+    return found
+
+
+def _progress(directory: str) -> Optional[int]:
+    try:
+        return int(open(os.path.join(directory, "progress")).read().strip() or "x")
+    except (OSError, ValueError):
+        return None
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run the supervisor; returns the exit status."""
+    known, rest = _parser().parse_known_args(list(argv))
+    if known.ranks is None or known.ranks < 1:
+        return _error("--elastic needs -n P (the ranks to start with), P >= 1")
+    if not 1 <= known.min_ranks <= known.ranks:
+        return _error(f"argument --min-ranks: must be between 1 and -n {known.ranks}, got {known.min_ranks}")
+    if os.environ.get("PMI_RANK") is not None or os.environ.get("OMPI_COMM_WORLD_RANK") is not None:
+        return _error("--elastic starts the ranks itself: run it as one process, not under mpirun/mpiexec")
+    directory = _value(rest, "--checkpoint-dir")
+    if not directory:
+        return _error("--elastic needs --checkpoint-dir (it resumes from the newest checkpoint there)")
+    mpiexec = known.mpiexec or next((p for p in (os.path.join(os.path.dirname(sys.executable), "mpiexec"),
+                                                 shutil.which("mpiexec")) if p and os.path.exists(p)), None)
+    if not mpiexec:
+        return _error("no mpiexec beside this Python or on PATH: give --mpiexec PATH")
+    if _value(rest, "--checkpoint-every") is None:
+        rest += ["--checkpoint-every", str(DEFAULT_CHECKPOINT_EVERY)]
+    json_path = _value(rest, "--json")
+    report = tempfile.mkdtemp(prefix="allreduce_kit-elastic-")
+    env = dict(os.environ, **{config.ELASTIC_DIR.name: report})
+    try:
+        return _supervise(known, rest, directory, mpiexec, report, env, json_path)
+    finally:
+        shutil.rmtree(report, ignore_errors=True)
+
+
+def _supervise(known, rest: List[str], directory: str, mpiexec: str, report: str, env: Dict[str, str],
+               json_path: Optional[str]) -> int:
+    ranks, losses = known.ranks, []
+    # MPICH's mpiexec ends every rank when one dies, so fast that which died first cannot be seen;
+    # without it the survivors wait (in a collective, on the dead rank) until the supervisor, which
+    # has seen which rank is gone, ends them.
+    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=60).stdout
+    cleanup = ["-disable-auto-cleanup"] if "HYDRA" in version else []
+    resume = "--resume" in rest
+    rest = [a for a in rest if a != "--resume"]
+    job: Optional[Job] = None
+    stopping = []
+
+    def forward(signum, frame) -> None:        # a time limit or preemption: the ranks save and stop
+        stopping.append(signum)
+        if job is not None and job.proc.poll() is None:
+            job.proc.send_signal(signal.SIGUSR1)
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        while True:
+            for name in os.listdir(report):
+                os.unlink(os.path.join(report, name))
+            command = [mpiexec, *cleanup, "-n", str(ranks), sys.executable, "-m", "allreduce_kit.train", *rest,
+                       *(["--resume"] if resume else [])]
+            if losses:
+                _say(f"relaunching on {ranks} ranks: {' '.join(command)}")
+            job = Job(command, env)
+            first_step = job.watch(report, losses[-1] if losses else None)
+            if job.first_dead is not None:
+                job.end_survivors(report)
+            status = job.wait()
+            ended = job.first_dead[1] if job.first_dead else time.monotonic()
+            if status == 0 or stopping or status == STOPPED:
+                return _finish(status, losses, json_path)
+            dead = job.dead()
+            if dead is not None and ("; aborting the job" in "".join(job.text) or "Aborting the job." in "".join(job.text)):
+                dead = None                    # a rank ended the job on an error: running it again would repeat it
+            if dead is None:
+                _say(f"the job ended with status {status} and no rank was killed: not relaunched")
+                return _finish(status, losses, json_path)
+            pid, host, how = dead
+            rank, _ = _registry(report).get(pid, (None, host)) if pid is not None else (None, host)
+            last = job.first_dead[2] if job.first_dead and job.first_dead[2] is not None else _progress(report)
+            loss = Loss(rank, pid, host, how, last, ranks, ranks - 1)
+            if losses and first_step is None:
+                _say(f"recovery failed: {loss.line()}, before the relaunched job's first step")
+                return _finish(FAILED, losses + [loss], json_path)
+            losses.append(loss)
+            _say(loss.line())
+            if ranks - 1 < known.min_ranks:
+                _say(f"recovery failed: {ranks - 1} rank{'s' if ranks != 2 else ''} left, fewer than --min-ranks "
+                     f"{known.min_ranks}")
+                return _finish(FAILED, losses, json_path)
+            step, notes = usable_checkpoint(directory)
+            for note in notes:
+                _say(note)
+            if step is None and notes:
+                _say(f"recovery failed: no checkpoint in {directory} can be read")
+                return _finish(FAILED, losses, json_path)
+            loss.resumed_from, loss.steps_redone = step, (loss.step or 0) - (step or 0)
+            loss.died_at = ended
+            resume = step is not None
+            ranks -= 1
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if job is not None and job.proc.poll() is None:
+            job.proc.kill()
+            job.wait()
+
+
+def _finish(status: int, losses: List[Loss], json_path: Optional[str]) -> int:
+    if losses:
+        _say(f"{len(losses)} rank{'s' if len(losses) != 1 else ''} lost during the run:")
+        for loss in losses:
+            _say("  " + loss.line())
+    if json_path and status == 0 and os.path.isfile(json_path):
+        with open(json_path) as f:
+            payload = json.load(f)
+        payload["elastic"] = {"losses": [{k: v for k, v in asdict(loss).items() if k != "died_at"} for loss in losses]}
+        with open(json_path, "w") as f:
+            json.dump(payload, f, indent=1)
+    return status

@@ -1,0 +1,151 @@
+"""What a dead rank and a stop signal cost a training run.
+
+    python benchmarks/elastic_recovery.py [--ranks 8] [--repeat 3] [--only recovery,stop]
+
+Each case runs ``--repeat`` times; the figures are medians. Training is the default digits run
+(``python -m allreduce_kit.train``) slowed by a straggler (timing only) so that it can be hit
+mid-run, with ``--checkpoint-every 10``.
+
+- ``recovery``: ``train --elastic -n P --min-ranks P-1``; rank 1 is killed with SIGKILL after
+  epoch 2. Reported: the recovery time the supervisor measures (from the death to the first step
+  on P-1 ranks; target under 10 s at 8 ranks on this machine with a warm cache), the steps redone
+  (at most the checkpoint interval) and the whole run's wall time.
+- ``stop``: ``mpiexec -n P python -m allreduce_kit.train --checkpoint-dir D``; SIGUSR1 to
+  mpiexec after epoch 2. Reported: the time from the signal to the job's end (status 75) with
+  the checkpoint written.
+
+Prints one line per case; exit status 1 if a target does not hold.
+"""
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+MPIEXEC = str(BIN / "mpiexec") if (BIN / "mpiexec").exists() else "mpiexec"
+TRAIN = [sys.executable, "-m", "allreduce_kit.train", "--progress", "lines", "--epochs", "8",
+         "--straggler", "0:20", "--checkpoint-every", "10"]
+CASES = ("recovery", "stop")
+TARGET_SECONDS = 10.0
+
+
+def _descendants(pid: int):
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _rank_pid(root: int, rank: int) -> int:
+    """The pid of the training process of ``rank`` among ``root``'s descendants (by its PMI_RANK)."""
+    for pid in _descendants(root):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"PMI_RANK={rank}".encode() in environ and b"allreduce_kit.train" in cmdline:
+            return pid
+    raise RuntimeError(f"no process of rank {rank} below {root}")
+
+
+def _run_until(command, line_holding: str, act, timeout: float = 600):
+    """Start ``command``, call ``act(proc)`` once it prints a line holding ``line_holding``; wait."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.DEVNULL)
+    lines, acted = [], []
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if not acted and line_holding in line:
+                acted.append(act(proc))
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    proc.wait(timeout=timeout)
+    reader.join(timeout=10)
+    return proc.returncode, "".join(lines), acted[0] if acted else None
+
+
+def recovery(ranks: int, work: Path) -> dict:
+    out = work / "recovery.json"
+    command = [*TRAIN, "--elastic", "-n", str(ranks), "--min-ranks", str(ranks - 1), "--checkpoint-dir",
+               str(work / "ckpt"), "--json", str(out)]
+    started = time.monotonic()
+    status, text, _ = _run_until(command, " 2/8 ", lambda proc: os.kill(_rank_pid(proc.pid, 1), signal.SIGKILL))
+    if status != 0:
+        raise RuntimeError(f"the elastic run failed ({status}):\n{text[-3000:]}")
+    (loss,) = json.loads(out.read_text())["elastic"]["losses"]
+    return {"recovery_s": loss["recovery_seconds"], "steps_redone": loss["steps_redone"],
+            "wall_s": time.monotonic() - started}
+
+
+def stop(ranks: int, work: Path) -> dict:
+    command = [MPIEXEC, "-n", str(ranks), *TRAIN, "--checkpoint-dir", str(work / "ckpt")]
+
+    def signal_it(proc):
+        proc.send_signal(signal.SIGUSR1)
+        return time.monotonic()
+    status, text, sent = _run_until(command, " 2/8 ", signal_it)
+    ended = time.monotonic()
+    if status != 75 or sent is None:
+        raise RuntimeError(f"the run did not stop with status 75 ({status}):\n{text[-3000:]}")
+    return {"stop_s": ended - sent}
+
+
+def _list(runs, key: str, digits: int) -> str:
+    return ", ".join(f"{r[key]:.{digits}f}" for r in runs)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description="Recovery time after kill -9 of one rank under train --elastic, "
+                                            "and the time from a stop signal to a saved checkpoint and exit.")
+    p.add_argument("--ranks", type=int, default=8, help="ranks to start with (default 8)")
+    p.add_argument("--repeat", type=int, default=3, help="runs per case; medians are reported (default 3)")
+    p.add_argument("--only", default=",".join(CASES), help=f"comma-separated cases among {', '.join(CASES)}")
+    args = p.parse_args()
+    only = [c.strip() for c in args.only.split(",") if c.strip()]
+    unknown = [c for c in only if c not in CASES]
+    if unknown:
+        p.error(f"argument --only: unknown {unknown[0]!r}; the cases are {', '.join(CASES)}")
+    if args.ranks < 2 or args.repeat < 1:
+        p.error("argument --ranks: needs at least 2 ranks" if args.ranks < 2 else "argument --repeat: must be >= 1")
+    ok = True
+    for case in only:
+        runs = []
+        for _ in range(args.repeat):
+            with tempfile.TemporaryDirectory() as work:
+                runs.append((recovery if case == "recovery" else stop)(args.ranks, Path(work)))
+        median = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        if case == "recovery":
+            held = median["recovery_s"] < TARGET_SECONDS and max(r["steps_redone"] for r in runs) <= 10
+            ok &= held
+            print(f"recovery at {args.ranks} -> {args.ranks - 1} ranks: {median['recovery_s']:.1f} s from the death to "
+                  f"the first step (runs: {_list(runs, 'recovery_s', 1)}); steps redone "
+                  f"{[r['steps_redone'] for r in runs]}; whole run {median['wall_s']:.0f} s; target < "
+                  f"{TARGET_SECONDS:.0f} s: {'holds' if held else 'MISSED'}")
+        else:
+            print(f"stop on SIGUSR1 at {args.ranks} ranks: {median['stop_s']:.2f} s from the signal to the exit with "
+                  f"the checkpoint saved (runs: {_list(runs, 'stop_s', 2)})")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""The supervisor's decisions (``train --elastic``), with a stand-in for ``mpiexec``: quick, no MPI.
+
+The stand-in starts P sleeping processes that report in as the ranks do (pid, host; rank 0's
+step), then plays the launch's part of a scenario: finish, or have one rank die at a step, before
+or after reaching it. The supervisor sees real processes die.
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from allreduce_kit.train import checkpoint, elastic
+
+FAKE = textwrap.dedent(r'''
+    import json, os, socket, subprocess, sys, time
+    args = sys.argv[1:]
+    if args == ["--version"]:
+        print("HYDRA build details: (stand-in)")
+        sys.exit(0)
+    report = os.environ["ALLREDUCE_KIT_ELASTIC_DIR"]
+    log = os.environ["FAKE_LOG"]
+    with open(log, "a") as f:
+        f.write(json.dumps(args) + "\n")
+    launch = sum(1 for _ in open(log)) - 1
+    plan = json.loads(os.environ["FAKE_PLAN"])[launch]
+    ranks = int(args[args.index("-n") + 1])
+    start = 0
+    if "--resume" in args:
+        d = args[args.index("--checkpoint-dir") + 1]
+        start = max(int(n[11:20]) for n in os.listdir(d) if n.endswith(".npz"))
+    kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(ranks)]
+    for rank, kid in enumerate(kids):
+        with open(os.path.join(report, f"rank-{rank}"), "w") as f:
+            f.write(f"{kid.pid} {socket.gethostname()}\n")
+    def progress(step):
+        with open(os.path.join(report, "progress"), "w") as f:
+            f.write(f"{step:012d}\n")
+    progress(start)
+    if plan.get("abort"):                    # a rank's uncaught error: the abort hook ends every rank
+        time.sleep(0.3)
+        print("allreduce_kit: uncaught ValueError on rank 1; aborting the job", flush=True)
+        for kid in kids:
+            kid.kill()
+            kid.wait()
+        sys.exit(1)
+    if plan.get("die_at") is not None:
+        if plan["die_at"] > start:
+            time.sleep(0.3)
+            progress(plan["die_at"])
+        time.sleep(0.3)
+        kids[plan["rank"]].kill()
+        for kid in kids:
+            kid.wait()                      # the supervisor kills the others
+        print("YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)")
+        sys.exit(9)
+    time.sleep(0.3)
+    progress(start + 5)
+    for rank in range(ranks):                # the ranks end by themselves, and say so
+        open(os.path.join(report, f"rank-{rank}.exited"), "w").close()
+    for kid in kids:
+        kid.kill()
+        kid.wait()
+    print("stand-in training finished")
+    sys.exit(plan.get("status", 0))
+''')
+
+
+def _arrays():
+    return {"params": np.arange(10, dtype=np.float32), "velocity": np.zeros(10, np.float32)}
+
+
+@pytest.fixture
+def supervise(tmp_path):
+    fake = tmp_path / "mpiexec"
+    fake.write_text(f"#!{sys.executable}\n" + FAKE)
+    fake.chmod(0o755)
+    ckpt = tmp_path / "ckpt"
+
+    def run(plan, ranks=4, min_ranks=2, steps=(10, 20)):
+        ckpt.mkdir(exist_ok=True)
+        for step in steps:
+            checkpoint.save(str(ckpt), step, _arrays(), {"ranks": ranks}, keep=5)
+        log = tmp_path / "launches.log"
+        if log.exists():
+            log.unlink()
+        env = dict(os.environ, FAKE_PLAN=json.dumps(plan), FAKE_LOG=str(log))
+        result = subprocess.run([sys.executable, "-m", "allreduce_kit.train", "--elastic", "-n", str(ranks),
+                                 "--min-ranks", str(min_ranks), "--mpiexec", str(fake), "--checkpoint-dir", str(ckpt),
+                                 "--epochs", "3"], capture_output=True, text=True, timeout=120, env=env,
+                                cwd=str(tmp_path))
+        launches = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        return result, launches
+    run.ckpt = ckpt
+    return run
+
+
+def test_a_dead_rank_is_named_and_training_goes_on_on_the_survivors(supervise):
+    result, launches = supervise([{"die_at": 27, "rank": 2}, {}])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [l[l.index("-n") + 1] for l in launches] == ["4", "3"]
+    assert "--resume" not in launches[0] and launches[1][-1] == "--resume"
+    assert "-disable-auto-cleanup" in launches[0]
+    assert "--checkpoint-every" in launches[0], "the supervisor saves every N steps by default"
+    out = result.stdout
+    assert "rank 2 (pid" in out and "lost after step 27, died; 4 -> 3 ranks" in out, out
+    assert "resumed from step 20 (7 steps redone)" in out and "recovered: first step on 3 ranks" in out, out
+
+
+def test_a_corrupt_newest_checkpoint_is_moved_aside_and_the_one_before_used(supervise):
+    ckpt = supervise.ckpt
+    ckpt.mkdir()
+    checkpoint.save(str(ckpt), 30, _arrays(), {"ranks": 4})
+    newest = ckpt / checkpoint.name_for(30)
+    newest.write_bytes(newest.read_bytes()[:100])
+    result, launches = supervise([{"die_at": 33, "rank": 0}, {}])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{newest} is truncated or corrupted" in result.stdout
+    assert f"moved aside to {newest.name}.corrupt; falling back to the one before" in result.stdout
+    assert (ckpt / f"{newest.name}.corrupt").exists() and not newest.exists()
+    assert "resumed from step 20 (13 steps redone)" in result.stdout
+
+
+def test_every_checkpoint_corrupt_fails_with_a_message(supervise):
+    ckpt = supervise.ckpt
+    ckpt.mkdir()
+    for step in (10, 20):
+        path = Path(checkpoint.save(str(ckpt), step, _arrays(), {"ranks": 4}))
+    result, launches = supervise([{"die_at": 25, "rank": 1}, {}], steps=())
+    assert result.returncode == 0, "intact checkpoints: recovered"
+    for _, path in checkpoint.listing(str(ckpt)):
+        Path(path).write_bytes(b"garbage")
+    result, launches = supervise([{"die_at": 25, "rank": 1}, {}], steps=())
+    assert result.returncode == elastic.FAILED, result.stdout
+    assert "recovery failed: no checkpoint in" in result.stdout and len(launches) == 1
+
+
+def test_fewer_survivors_than_min_ranks_fail_with_a_message(supervise):
+    result, launches = supervise([{"die_at": 25, "rank": 1}], ranks=3, min_ranks=3)
+    assert result.returncode == elastic.FAILED
+    assert "recovery failed: 2 ranks left, fewer than --min-ranks 3" in result.stdout
+    assert len(launches) == 1
+
+
+def test_a_second_death_during_recovery_fails_with_a_message(supervise):
+    result, launches = supervise([{"die_at": 25, "rank": 1}, {"die_at": 0, "rank": 0}])
+    assert result.returncode == elastic.FAILED, result.stdout
+    assert "recovery failed: rank 0" in result.stdout and "before the relaunched job's first step" in result.stdout
+    assert len(launches) == 2
+
+
+def test_a_job_that_fails_without_a_death_is_not_relaunched(supervise):
+    result, launches = supervise([{"status": 2}])
+    assert result.returncode == 2 and len(launches) == 1
+    assert "no rank was killed: not relaunched" in result.stdout
+    result, launches = supervise([{"abort": True}, {}])       # the ranks vanish, but on an error of their own
+    assert result.returncode == 1 and len(launches) == 1, result.stdout
+    assert "no rank was killed: not relaunched" in result.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    ([], "--elastic needs -n P"),
+    (["-n", "4", "--min-ranks", "5", "--checkpoint-dir", "x"], "argument --min-ranks: must be between 1 and -n 4"),
+    (["-n", "4"], "--elastic needs --checkpoint-dir"),
+])
+def test_bad_supervisor_options_exit_2_with_one_message(args, message, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "allreduce_kit.train", "--elastic", *args], capture_output=True,
+                            text=True, timeout=60, cwd=str(tmp_path))
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
