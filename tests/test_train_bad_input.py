@@ -101,7 +101,8 @@ def _cases(tmp_path: Path):
     cases.append(("sync-abbreviated", ["--worker-t", "5"], "argument --worker-timeout: only with --mode async-ps"))
     for option, value in (("--algorithm", "ring"), ("--bucket-mb", "1"), ("--gather-every", "5"),
                           ("--warmup-epochs", "1"), ("--lr-scaling", "none"), ("--on-nonfinite", "skip"),
-                          ("--inject-nan", "1:1"), ("--checkpoint-every", "0"), ("--bench-allreduce", "0")):
+                          ("--inject-nan", "1:1"), ("--checkpoint-every", "0"), ("--bench-allreduce", "0"),
+                          ("--accum-steps", "2"), ("--on-resize", "rescale-lr")):
         cases.append((f"async{option}", async_ps + [option, value], f"argument {option}: only with --mode sync"))
     cases.append(("async--resume", async_ps + ["--resume"], "argument --resume: only with --mode sync"))
     return [(name, QUICK + argv, message) for name, argv, message in cases]
