@@ -99,7 +99,7 @@ def parse(payload: dict, source: str = "tuning file") -> Table:
                 raise ValueError(f"{source}: measured sizes for {key} ranks must be [smallest, largest] bytes, "
                                  f"got {sizes!r}")
             table.ranges[int(key)] = (sizes[0], sizes[1])
-    online = payload.get("online") or {}
+    online = payload.get("online", {})
     if not isinstance(online, dict) or not all(isinstance(v, dict) for v in online.values()):
         raise ValueError(f"{source}: 'online' must be an object (layout -> size class -> what was measured)")
     for layout, classes in online.items():
