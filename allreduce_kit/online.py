@@ -10,7 +10,8 @@ they measured), the first calls of a class on a communicator explore:
    call of an algorithm allocates its window or scratch) and then ``ROUNDS`` timed rounds, each
    round in a rotated order; every rank times its own calls (``perf_counter``);
 3. on the last exploring call one ``Allreduce`` (MAX over ranks of each candidate's median time
-   per call) gives every rank the same figures, and so the same winner, which runs from then on.
+   per call) gives every rank the same figures, and so the same winner, which runs from then on:
+   the fastest, unless the table's choice is within ``PRIOR_MARGIN`` of it.
 
 Every call's result is the reduction asked for (each runs a registered algorithm in full). The
 schedule is a pure function of how many calls of the class the communicator has made, and calls
@@ -61,6 +62,9 @@ MAX_GAP = 64
 #: A winner whose time moved by more than this factor against its exploration sends the class
 #: back to exploring.
 DRIFT = 1.5
+#: The table's choice stays unless another candidate is faster by more than this fraction: a
+#: near tie is not worth a change that noise may have made.
+PRIOR_MARGIN = 0.05
 #: Message sizes whose class is remembered by size (beyond this, it is looked up by class).
 MEMO_SIZES = 4096
 
@@ -210,7 +214,8 @@ class Tuner:
         medians = np.array([np.median(s) for s in c.samples], dtype=np.float64)
         lib.Allreduce(MPI.IN_PLACE, medians, op=MPI.MAX)
         times = dict(zip(c.candidates, medians.tolist()))
-        c.settled(c.candidates[int(np.argmin(medians))], times)
+        fastest = int(np.argmin(medians))
+        c.settled(c.candidates[0 if medians[0] <= medians[fastest] * (1 + PRIOR_MARGIN) else fastest], times)
         if self.mode == "save" and self.rank == 0:
             self._save(lib, c)
 

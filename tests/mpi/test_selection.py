@@ -182,7 +182,9 @@ def test_online_tuning_explores_a_bounded_schedule_the_same_on_every_rank(comm, 
                                                             for c in candidates), ran
         report = online.report(lib, nbytes)
         winner = report["algorithm"]
-        assert winner == min(report["times_us"], key=report["times_us"].get) and winner in candidates
+        times = report["times_us"]
+        fastest = min(times, key=times.get)
+        assert winner == (prior if times[prior] <= times[fastest] * (1 + online.PRIOR_MARGIN) else fastest), times
         assert selection.choose_for(lib, nbytes) == winner
         for _ in range(3):
             allreduce(np.ones(nbytes // 4, np.float32), algorithm="auto", comm=comm)
