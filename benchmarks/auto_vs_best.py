@@ -16,9 +16,8 @@ for one node: median ratio at most ``--median-target`` (1.1) and no single run a
 ``--with-table`` adds to each run the same bench with online tuning off
 (``ALLREDUCE_KIT_ONLINE_TUNING=0``: ``auto`` runs the built-in table's choice), summarized the
 same way and shown beside it as ``table/best`` (median) and ``table worst``. It is a whole bench,
-every algorithm, not ``-a auto`` alone: a bench of one algorithm times it in a pattern of its own
-(barrier, one call, barrier) that on a loaded machine can make it many times slower than the
-same algorithm among others.
+every algorithm, not ``-a auto`` alone: on a loaded machine a bench of one algorithm alone timed
+it many times slower than the same algorithm among others.
 """
 import argparse
 import json
