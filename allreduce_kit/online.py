@@ -19,7 +19,11 @@ are collective, so every rank runs the same algorithm on the same call.
 
 **Cost**: ``len(candidates) * (ROUNDS + 1) * block`` calls per class (``exploration_calls``:
 80 below 64 KiB, 45 from 64 KiB, 20 from 1 MiB with the lists below), each no slower than the
-slowest candidate; then one ``Allreduce`` of a few doubles.
+slowest candidate; then one ``Allreduce`` of a few doubles. If those calls took less than
+``MIN_EXPLORE_SECONDS`` on the slowest rank, ``ROUNDS`` more rounds follow (and another
+``Allreduce``), up to ``MAX_EXTENSIONS`` times: at most ``len(candidates) * (1 + ROUNDS * 16) *
+block`` calls (1040 below 64 KiB, 585 from 64 KiB), and only where calls are so short that
+they add up to less than 50 ms.
 
 **Drift**: a settled class times its winner over one window (``ROUNDS * block`` calls) before
 each check; a check is one ``Allreduce`` of one double. The first comes ``CHECK_AFTER`` times
@@ -55,6 +59,11 @@ CANDIDATES: Tuple[Tuple[int, Tuple[str, ...], int], ...] = (
 )
 #: Timed rounds of turns per exploration (after one untimed round).
 ROUNDS = 4
+#: An exploration that took less than this (seconds, on the slowest rank) takes ``ROUNDS`` more
+#: rounds, up to ``MAX_EXTENSIONS`` times: a burst of load elsewhere (a scheduler's time slice is
+#: milliseconds) must not decide alone for messages whose calls take microseconds.
+MIN_EXPLORE_SECONDS = 0.05
+MAX_EXTENSIONS = 15
 #: The first drift check comes this many times a class's exploration calls after it settles.
 CHECK_AFTER = 64
 #: Gaps between checks double up to this many times the first gap.
@@ -85,10 +94,11 @@ def candidates_for(nbytes: int, prior: str) -> Tuple[Tuple[str, ...], int]:
     return names, block
 
 
-def exploration_calls(nbytes: int, prior: str = "shared_memory") -> int:
-    """How many calls of ``nbytes``' class exploration takes."""
+def exploration_calls(nbytes: int, prior: str = "shared_memory", extensions: int = 0) -> int:
+    """How many calls of ``nbytes``' class exploration takes with ``extensions`` sets of extra
+    rounds (at most ``MAX_EXTENSIONS``)."""
     names, block = candidates_for(nbytes, prior)
-    return len(names) * (ROUNDS + 1) * block
+    return len(names) * (1 + ROUNDS * (1 + extensions)) * block
 
 
 class SizeClass:
@@ -97,7 +107,8 @@ class SizeClass:
     ``quiet``: calls left that run ``winner`` untimed (``allreduce`` counts them down itself)."""
 
     __slots__ = ("low", "candidates", "block", "winner", "quiet", "exploring", "calls", "spent", "samples",
-                 "window", "pending", "first_gap", "gap", "reference", "times", "explorations")
+                 "window", "pending", "first_gap", "gap", "reference", "times", "explorations", "elapsed",
+                 "extensions", "took")
 
     def __init__(self, low: int, candidates: Sequence[str], block: int, winner: Optional[str] = None):
         self.low, self.candidates, self.block = low, tuple(candidates), block
@@ -108,7 +119,7 @@ class SizeClass:
         self.reference = 0.0
         self.times: Dict[str, float] = {}
         self.explorations = 0
-        self.spent = 0
+        self.spent = self.took = 0
         self.explore() if winner is None else self.watch()
 
     @property
@@ -118,6 +129,7 @@ class SizeClass:
     def explore(self) -> None:
         """Start (again) taking turns from the first call of the schedule."""
         self.exploring, self.calls, self.pending = True, 0, 0.0
+        self.elapsed, self.extensions, self.took = 0.0, 0, 0
         self.samples: List[List[float]] = [[] for _ in self.candidates]
 
     def watch(self, quiet: int = 0) -> None:
@@ -192,7 +204,9 @@ class Tuner:
             elapsed = perf_counter() - start
             c.calls += 1
             c.spent += 1
+            c.took += 1
             if rnd:  # round 0 is untimed
+                c.elapsed += elapsed
                 c.pending += elapsed
                 if within == c.block - 1:
                     c.samples[index].append(c.pending / c.block)
@@ -211,8 +225,13 @@ class Tuner:
             self._check_drift(lib, c)
 
     def _agree_on_winner(self, lib, c: SizeClass) -> None:
-        medians = np.array([np.median(s) for s in c.samples], dtype=np.float64)
-        lib.Allreduce(MPI.IN_PLACE, medians, op=MPI.MAX)
+        agreed = np.array([np.median(s) for s in c.samples] + [c.elapsed], dtype=np.float64)
+        lib.Allreduce(MPI.IN_PLACE, agreed, op=MPI.MAX)
+        if agreed[-1] < MIN_EXPLORE_SECONDS and c.extensions < MAX_EXTENSIONS:  # too short to trust: more rounds
+            c.extensions += 1
+            c.calls = len(c.candidates) * c.block  # the first timed round again; the samples so far are kept
+            return
+        medians = agreed[:-1]
         times = dict(zip(c.candidates, medians.tolist()))
         fastest = int(np.argmin(medians))
         c.settled(c.candidates[0 if medians[0] <= medians[fastest] * (1 + PRIOR_MARGIN) else fastest], times)
@@ -233,7 +252,7 @@ class Tuner:
         """Rank 0 adds the class's result to the tuning file; a failure is a warning, not an error."""
         entry = {"algorithm": c.winner, "sizes": [c.low, 2 * c.low - 1],
                  "times_us": {n: round(t * 1e6, 3) for n, t in c.times.items()},
-                 "exploration_calls": c.exploration_calls, "ranks": self.nranks, "nodes": self.nodes,
+                 "exploration_calls": c.took, "ranks": self.nranks, "nodes": self.nodes,
                  "mpi_library": MPI.Get_library_version().strip().splitlines()[0]}
         try:
             save(self.path, self.layout, c.low, entry)
@@ -247,7 +266,7 @@ class Tuner:
             return None
         return {"algorithm": c.winner, "class_bytes": [c.low, 2 * c.low - 1],
                 "times_us": {n: t * 1e6 for n, t in c.times.items()}, "explorations": c.explorations,
-                "exploration_calls": c.exploration_calls, "calls_exploring": c.spent}
+                "exploration_calls": c.took, "calls_exploring": c.spent}
 
 
 def save(path: str, layout: str, low: int, entry: dict) -> dict:

@@ -252,6 +252,7 @@ def test_exploration_is_bounded_and_tries_the_table_choice_first():
         assert names[0] == "tree" and len(set(names)) == len(names) and set(names) <= set(ALGORITHMS)
         assert online.exploration_calls(nbytes, "tree") == len(names) * (online.ROUNDS + 1) * block
         assert online.exploration_calls(nbytes) <= 80
+        assert online.exploration_calls(nbytes, "tree", 2) == len(names) * (1 + 3 * online.ROUNDS) * block
     assert online.candidates_for(4, "shared_memory") == (("shared_memory", "recursive_doubling"), 8)
     assert online.candidates_for(64 << 20, "two_shot")[0] == ("two_shot", "shared_memory", "rabenseifner", "ring")
 
