@@ -52,6 +52,14 @@ def text(value: str) -> str:
     return value.strip()
 
 
+def online_mode(text: str) -> str:
+    """``on``/``1``/..., ``off``/``0``/..., or ``save`` (any case)."""
+    lowered = text.strip().lower()
+    if lowered == "save":
+        return "save"
+    return "on" if boolean(lowered) else "off"
+
+
 @dataclass(frozen=True)
 class Setting:
     """One environment variable: its name, parser, default and a line for the docs."""
@@ -72,6 +80,10 @@ CHECK = Setting("ALLREDUCE_KIT_CHECK", boolean, False,
 TUNING = Setting("ALLREDUCE_KIT_TUNING", text, "",
                  "the table auto uses: a tuning file's path, or 'builtin'; unset: the default tuning "
                  "file if it exists, else the built-in table")
+ONLINE_TUNING = Setting("ALLREDUCE_KIT_ONLINE_TUNING", online_mode, "on",
+                        "auto times its candidates during the first calls of each message size class, agrees "
+                        "across ranks and keeps the fastest, wherever the built-in table would choose; "
+                        "'save' also writes what it learns into the tuning file; 0 leaves auto to its table")
 DIRECT = Setting("ALLREDUCE_KIT_DIRECT", boolean, True,
                  "on one node, let ring, rabenseifner and two_shot read and write peers' buffers "
                  "directly (process_vm_readv/writev); 0 keeps them to messages")
@@ -87,7 +99,8 @@ ELASTIC_DIR = Setting("ALLREDUCE_KIT_ELASTIC_DIR", text, "",
                       "not supervised")
 
 #: Every setting, in the order of the docs' table.
-SETTINGS: Tuple[Setting, ...] = (STALL_TIMEOUT, CHECK, TUNING, DIRECT, YIELD, ABORT_ON_ERROR, ELASTIC_DIR)
+SETTINGS: Tuple[Setting, ...] = (STALL_TIMEOUT, CHECK, TUNING, ONLINE_TUNING, DIRECT, YIELD, ABORT_ON_ERROR,
+                                 ELASTIC_DIR)
 
 def read(setting: Setting, environ: Optional[Mapping[str, str]] = None) -> Any:
     """The setting's value from ``environ`` (default ``os.environ``), or its default if unset.

@@ -18,6 +18,10 @@ Where the table comes from, first match wins:
 it runs with and writes (or updates) the file. Rank 0 reads the table once per communicator, at
 the first ``auto`` call on it, and broadcasts it, so every rank makes the same choice even if
 the file differs between nodes.
+
+Online tuning (``allreduce_kit/online.py``, on unless ``ALLREDUCE_KIT_ONLINE_TUNING=0``) refines
+the built-in table's choice by timing candidates during the first calls of each size class; a
+tuning file's rules are followed as written where they measured.
 """
 import json
 import math
@@ -49,11 +53,13 @@ Rules = Tuple[Tuple[int, str], ...]
 
 class Table(dict):
     """rank count -> rules, and ``ranges[p]``: the message sizes ``(smallest, largest)`` in bytes
-    that the rules for ``p`` ranks were measured over (no entry: they stand for every size)."""
+    that the rules for ``p`` ranks were measured over (no entry: they stand for every size);
+    ``online``: what online tuning saved (``online.py``), as the file holds it."""
 
-    def __init__(self, rules=(), ranges: Optional[Dict[int, Tuple[int, int]]] = None):
+    def __init__(self, rules=(), ranges: Optional[Dict[int, Tuple[int, int]]] = None, online: Optional[dict] = None):
         super().__init__(rules)
         self.ranges: Dict[int, Tuple[int, int]] = dict(ranges or {})
+        self.online: dict = dict(online or {})
 
 
 def default_path() -> Path:
@@ -64,13 +70,13 @@ def default_path() -> Path:
 
 def parse(payload: dict, source: str = "tuning file") -> Table:
     """Check a tuning file's contents and turn them into a table; ``ValueError`` names the fault."""
-    if not isinstance(payload, dict) or not isinstance(payload.get("rules"), dict):
+    if not isinstance(payload, dict) or not isinstance(payload.get("rules", {} if "online" in payload else None), dict):
         raise ValueError(f"{source}: expected a JSON object with a 'rules' object (rank count -> rules)")
     table = Table()
     measured = payload.get("measured") or {}
     if not isinstance(measured, dict):
         raise ValueError(f"{source}: 'measured' must be an object (rank count -> what the tune measured)")
-    for key, rules in payload["rules"].items():
+    for key, rules in payload.get("rules", {}).items():
         if not str(key).isdigit() or int(key) < 2:
             raise ValueError(f"{source}: rank count {key!r} is not an integer >= 2")
         if not isinstance(rules, list) or not rules:
@@ -93,7 +99,16 @@ def parse(payload: dict, source: str = "tuning file") -> Table:
                 raise ValueError(f"{source}: measured sizes for {key} ranks must be [smallest, largest] bytes, "
                                  f"got {sizes!r}")
             table.ranges[int(key)] = (sizes[0], sizes[1])
-    if not table:
+    online = payload.get("online", {})
+    if not isinstance(online, dict) or not all(isinstance(v, dict) for v in online.values()):
+        raise ValueError(f"{source}: 'online' must be an object (layout -> size class -> what was measured)")
+    for layout, classes in online.items():
+        for low, entry in classes.items():
+            if not str(low).isdigit() or not isinstance(entry, dict) or entry.get("algorithm") not in ALGORITHMS:
+                raise ValueError(f"{source}: bad online entry {low!r} for {layout!r}: want a size in bytes -> "
+                                 f"{{\"algorithm\": one of {', '.join(ALGORITHMS)}, ...}}")
+    table.online = online
+    if not table and not online:
         raise ValueError(f"{source}: no rules")
     return table
 
@@ -143,7 +158,8 @@ class Auto:
     ``within``: the sizes ``(smallest, largest)`` the rules were measured over, outside which
     ``outside`` (the built-in rules) decide; ``None``: the rules decide at every size."""
 
-    __slots__ = ("rules", "starts", "source", "choices", "within", "outside", "outside_starts")
+    __slots__ = ("rules", "starts", "source", "choices", "within", "outside", "outside_starts", "from_file",
+                 "online", "saved")
 
     def __init__(self, rules: Sequence[Tuple[int, str]], source: str,
                  within: Optional[Tuple[int, int]] = None, outside: Sequence[Tuple[int, str]] = ()):
@@ -152,6 +168,16 @@ class Auto:
         self.within, self.outside = within, tuple(outside)
         self.outside_starts = [r[0] for r in self.outside]
         self.choices: Dict[int, str] = {}
+        #: the rules are a tuning file's (not the built-in table's)
+        self.from_file = bool(outside)
+        #: the online tuner (``online.Tuner``) that refines the choice, if online tuning is on
+        self.online = None
+        #: what online tuning saved in the tuning file (``Table.online``)
+        self.saved: dict = {}
+
+    def file_decides(self, nbytes: int) -> bool:
+        """A tuning file's rules, not the built-in table's, choose for ``nbytes``."""
+        return self.from_file and (self.within is None or self.within[0] <= nbytes <= self.within[1])
 
     def choose(self, nbytes: int) -> str:
         if self.within is not None and not self.within[0] <= nbytes <= self.within[1]:
@@ -169,6 +195,8 @@ def choose_for(lib, nbytes: int) -> str:
     Each choice is remembered in the communicator's ``Auto.choices``, which ``allreduce`` reads
     first."""
     auto = lib.attach(Auto, _load_everywhere)
+    if auto.online is not None:
+        return auto.online.choice(nbytes)
     name = auto.choices.get(nbytes)
     if name is None:
         name = auto.choose(nbytes)
@@ -187,7 +215,9 @@ def _load_everywhere(lib) -> Auto:
     if isinstance(loaded, ValueError):
         raise ValueError(f"allreduce(algorithm='auto'): {loaded}")
     table, source = loaded
-    return auto_from(table, source, lib.nranks)
+    auto = auto_from(table, source, lib.nranks)
+    auto.saved = getattr(table, "online", {})
+    return auto
 
 
 def auto_from(table: Table, source: str, size: int) -> Auto:
@@ -221,6 +251,8 @@ def write(path: str, size: int, rules: List[Tuple[int, str]], note: dict) -> dic
         parse(old, f"tuning file {path}")  # refuse to extend a broken file
         payload["rules"].update(old.get("rules", {}))
         payload["measured"].update(old.get("measured", {}))
+        if old.get("online"):
+            payload["online"] = old["online"]
     payload["rules"][str(size)] = [[int(b), name] for b, name in rules]
     payload["measured"][str(size)] = note
     payload["rules"] = dict(sorted(payload["rules"].items(), key=lambda kv: int(kv[0])))

@@ -50,6 +50,7 @@ def test_table_json_and_csv_at_three_ranks(mpirun, tmp_path):
         assert float(fields[5]) > 0 and float(fields[6]) <= float(fields[5]) <= float(fields[7])
     assert any(f[4].startswith("auto(") for f in rows), "auto shows what it chose"
     assert "best/mpi" in result.stdout
+    assert "auto tunes online: on" in result.stdout
 
     payload = json.loads(out_json.read_text())
     assert payload["preamble"]["ranks"] == 3
@@ -58,6 +59,10 @@ def test_table_json_and_csv_at_three_ranks(mpirun, tmp_path):
     assert {r["algorithm"] for r in payload["rows"]} == set(available())
     assert sorted({r["size"] for r in payload["rows"]}) == sizes
     assert all(r["wrong"] == 0 and r["ranks"] == 3 for r in payload["rows"])
+    assert payload["preamble"]["online_tuning"] == "on"
+    for r in (r for r in payload["rows"] if r["algorithm"] == "auto"):  # timed after exploring, on its winner
+        assert r["trials"]["algorithm"] == r["chosen"] and r["chosen"] in r["trials"]["times_us"], r
+        assert r["explored"] + 1 == r["trials"]["exploration_calls"] == r["trials"]["calls_exploring"], r
     for r in payload["rows"]:
         assert r["busbw"] == pytest.approx(r["algbw"] * 2 * 2 / 3)
         assert r["algbw"] == pytest.approx(r["size"] / r["time_us"] / 1e3)
@@ -201,3 +206,20 @@ def test_plot_writes_exactly_the_path_it_names(mpirun, tmp_path):
                        timeout=120))
     assert f"# wrote {png}" in result.stdout
     assert os.listdir(tmp_path) == ["bandwidth.png"] and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_with_online_tuning_off_auto_is_timed_on_its_table(mpirun, tmp_path):
+    out = tmp_path / "off.json"
+    result = ok(mpirun(2, BENCH + ["-b", "4", "-e", "64K", "-f", "128", *QUICK, "-a", "auto", "--json", out],
+                       env={"ALLREDUCE_KIT_ONLINE_TUNING": "0", selection.ENV: "builtin"}, timeout=120))
+    assert "auto tunes online: off" in result.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["chosen"], r["explored"], r["trials"]) for r in rows] == [
+        (selection.choose(r["size"], 2), 0, None) for r in rows]
+
+
+def test_saving_online_results_with_the_builtin_table_is_an_input_error(mpirun):
+    result = mpirun(2, BENCH + ["-b", "4", "-e", "4", *QUICK],
+                    env={"ALLREDUCE_KIT_ONLINE_TUNING": "save", selection.ENV: "builtin"}, timeout=120)
+    assert result.returncode == 2 and result.stderr.count("error:") == 1, result.stdout + result.stderr
+    assert "ALLREDUCE_KIT_ONLINE_TUNING=save needs a tuning file" in result.stderr and "Traceback" not in result.stderr

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from allreduce_kit import ALGORITHMS, selection
+from allreduce_kit import ALGORITHMS, config, online, selection
 
 A, B, C = "naive", "ring", "tree"
 
@@ -97,6 +97,12 @@ BAD_PAYLOADS = [
     ("size as text", {"rules": {"4": [["0", A]]}}, "bad rule ['0', 'naive'] for 4 ranks"),
     ("three fields", {"rules": {"4": [[0, A, 1]]}}, "bad rule [0, 'naive', 1] for 4 ranks"),
     ("no rule from 0", {"rules": {"4": [[16, A], [1024, B]]}}, "rules for 4 ranks must start at min_bytes 0"),
+    ("online not an object", {"online": []}, "'online' must be an object"),
+    ("online layout not an object", {"online": {"2/1": 3}}, "'online' must be an object"),
+    ("online entry unknown algorithm", {"online": {"2/1": {"64": {"algorithm": "warp"}}}},
+     "bad online entry '64' for '2/1'"),
+    ("online entry not a size", {"online": {"2/1": {"big": {"algorithm": A}}}}, "bad online entry 'big' for '2/1'"),
+    ("empty online, no rules", {"online": {}}, "no rules"),
 ]
 
 
@@ -231,3 +237,90 @@ def test_a_tuning_file_is_used_only_at_the_rank_counts_and_sizes_it_measured(tmp
 def test_measured_sizes_that_make_no_sense_are_refused():
     with pytest.raises(ValueError, match=r"measured sizes for 2 ranks must be \[smallest, largest\]"):
         selection.parse({"rules": {"2": [[0, "ring"]]}, "measured": {"2": {"sizes": [64, 8]}}})
+
+
+# -- online tuning: its schedule and its file ---------------------------------------------------
+@pytest.mark.parametrize("nbytes, low", [(1, 1), (4, 4), (7, 4), (8, 8), (1000, 512), ((1 << 20) + 3, 1 << 20)])
+def test_a_size_class_is_a_power_of_two_range(nbytes, low):
+    assert online.size_class(nbytes) == low
+
+
+def test_exploration_is_bounded_and_tries_the_table_choice_first():
+    """Each class's exploration is a fixed number of calls: candidates x (timed rounds + 1) x turn."""
+    for nbytes in (4, 60 << 10, 64 << 10, 1 << 20, 64 << 20):
+        names, block = online.candidates_for(nbytes, "tree")
+        assert names[0] == "tree" and len(set(names)) == len(names) and set(names) <= set(ALGORITHMS)
+        assert online.exploration_calls(nbytes, "tree") == len(names) * (online.ROUNDS + 1) * block
+        assert online.exploration_calls(nbytes) <= 80
+        assert online.exploration_calls(nbytes, "tree", 2) == len(names) * (1 + 3 * online.ROUNDS) * block
+    assert online.candidates_for(4, "shared_memory") == (("shared_memory", "recursive_doubling"), 8)
+    assert online.candidates_for(64 << 20, "two_shot")[0] == ("two_shot", "shared_memory", "rabenseifner", "ring")
+
+
+@pytest.mark.parametrize("text, mode", [("1", "on"), ("on", "on"), ("TRUE", "on"), ("0", "off"), ("off", "off"),
+                                        ("save", "save"), (" Save ", "save"), ("", "on")])
+def test_the_online_setting_parses(monkeypatch, text, mode):
+    monkeypatch.setenv(config.ONLINE_TUNING.name, text)
+    assert config.read(config.ONLINE_TUNING) == mode
+
+
+def test_a_bad_online_setting_names_the_variable(monkeypatch):
+    monkeypatch.setenv(config.ONLINE_TUNING.name, "sometimes")
+    with pytest.raises(ValueError, match="ALLREDUCE_KIT_ONLINE_TUNING='sometimes'"):
+        config.read(config.ONLINE_TUNING)
+
+
+def test_save_mode_writes_where_auto_reads(tmp_path, monkeypatch):
+    assert online.save_path() == str(selection.default_path())
+    monkeypatch.setenv(selection.ENV, str(tmp_path / "t.json"))
+    assert online.save_path() == str(tmp_path / "t.json")
+    monkeypatch.setenv(selection.ENV, "builtin")
+    with pytest.raises(ValueError, match="ALLREDUCE_KIT_ONLINE_TUNING=save needs a tuning file"):
+        online.save_path()
+
+
+ENTRY = {"algorithm": "two_shot", "sizes": [1 << 20, (2 << 20) - 1], "times_us": {"two_shot": 90.0, B: 120.0}}
+
+
+def test_saving_keeps_the_rules_and_a_later_tune_keeps_what_was_saved(tmp_path):
+    path = str(tmp_path / "deep" / "t.json")
+    online.save(path, "4/1", 1 << 20, ENTRY)              # a new file: only what online tuning saved
+    table = selection.parse(json.load(open(path)))
+    assert dict(table) == {} and table.online == {"4/1": {str(1 << 20): ENTRY}}
+    selection.write(path, 2, [(0, A)], {"sizes": [4, 64]})
+    online.save(path, "4/1", 64, dict(ENTRY, algorithm=C))
+    payload = json.load(open(path))
+    assert payload["rules"] == {"2": [[0, A]]} and payload["measured"] == {"2": {"sizes": [4, 64]}}
+    assert set(payload["online"]["4/1"]) == {str(1 << 20), "64"}
+    selection.write(path, 4, [(0, B)], {})
+    assert json.load(open(path))["online"] == payload["online"], "a tune dropped what online tuning saved"
+    assert not list(tmp_path.glob("deep/*.tmp"))
+
+
+def test_saving_refuses_to_extend_a_broken_file(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text('{"rules": {"2": [[0, "butterfly"]]}}')
+    with pytest.raises(ValueError, match="butterfly"):
+        online.save(str(path), "2/1", 64, ENTRY)
+    assert "butterfly" in path.read_text()
+
+
+def test_a_saved_class_is_settled_where_the_builtin_table_decides_only(tmp_path):
+    """The saved entries reach the tuner through the loaded table; where a tuning file's rules
+    decide, they do, saved or not."""
+    path = write_json(tmp_path / "t.json", {"rules": {"4": [[0, A]]}, "measured": {"4": {"sizes": [4, 1024]}},
+                                            "online": {"4/1": {"64": dict(ENTRY, algorithm=C),
+                                                               str(1 << 20): ENTRY}}})
+    table, source = selection.load(path)
+    auto = selection.auto_from(table, source, 4)
+    auto.saved = table.online
+
+    class Lib:  # what a tuner reads of a communicator
+        nranks, myrank = 4, 0
+        layout = type("Layout", (), {"nodes": 1})()
+
+    tuner = online.Tuner(Lib(), auto, "on", None)
+    assert tuner.choice(100) == A and tuner.class_for(100).quiet > 1 << 40, "the file's rule for 64..127 B"
+    assert tuner.choice((1 << 20) + 5) == "two_shot" and not tuner.class_for(1 << 20).exploring
+    assert tuner.class_for(1 << 20).reference == pytest.approx(90e-6)
+    assert tuner.class_for(4096).exploring and tuner.choice(4096) == selection.choose(4096, 4)

@@ -24,7 +24,7 @@ from typing import List, Optional  # noqa: E402
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-from .. import kernels, selection, stall  # noqa: E402
+from .. import config, kernels, online, selection, stall  # noqa: E402
 from ..cli import settings_problem  # noqa: E402
 from ..algorithms import direct
 from ..cli import RankZeroParser, output_problem, outputs_problem, plural, say, write_json
@@ -231,7 +231,7 @@ def direct_transfers(comm: MPI.Intracomm, kernel: str) -> bool:
     return direct.peers_for(library_comm(comm)) is not None and kernel == "numba"
 
 
-def preamble(comm: MPI.Intracomm, args, threads: int, auto_source: str) -> dict:
+def preamble(comm: MPI.Intracomm, args, threads: int, auto_source: str, tuning: str = "off") -> dict:
     hosts = sorted(set(comm.allgather(MPI.Get_processor_name() or socket.gethostname())))
     p = comm.Get_size()
     info = {
@@ -243,6 +243,7 @@ def preamble(comm: MPI.Intracomm, args, threads: int, auto_source: str) -> dict:
         "step_factor": args.stepfactor, "warmup": args.warmup_iters, "samples": args.iters,
         "batch": args.batch or f"auto: calls fitting in {SAMPLE_SECONDS * 1e3:g} ms at the fastest warm-up pace of the size, 1..{MAX_BATCH}", "algorithms": args.names,
         "auto_table": auto_source,
+        "online_tuning": tuning,
         "timing": "per sample: restore input (untimed), barrier, then batch back-to-back calls, barrier (untimed); time per call = "
                   "slowest rank's; median, min and max over samples",
     }
@@ -264,6 +265,10 @@ def preamble(comm: MPI.Intracomm, args, threads: int, auto_source: str) -> dict:
         f"kernels {args.kernel})")
     say(f"# #wrong = elements differing from MPI's Allreduce (summed over ranks); mpi = {mpi_row}; the others go "
         f"through allreduce(); auto's table: {auto_source}")
+    if "auto" in args.names:
+        say(f"# auto tunes online: {tuning} ({config.ONLINE_TUNING.name}); " + (
+            "at each size auto's exploring calls (every one checked) run before its warm-up, so its row times "
+            "the choice it settled on" if tuning != "off" else "its row times the table's choice"))
     say("#")
     return info
 
@@ -289,6 +294,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             problem = tune_file_problem(args.tune)
         try:  # a bad tuning file named by the environment is an input error, not a crash
             selection.load()
+            if config.read(config.ONLINE_TUNING) == "save":
+                online.save_path()
         except ValueError as error:
             problem = problem or f"auto: {error}"
     agree(comm, problem)
@@ -303,7 +310,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         use_kernels(numpy_kernels)
     kernels.warm_up([dtype], [args.op])
     lib = library_comm(comm)
-    info = preamble(comm, args, threads, selection.source_for(lib))
+    tuner = online.tuner_for(lib) if lib.Get_size() > 1 else None
+    info = preamble(comm, args, threads, selection.source_for(lib), tuner.mode if tuner else "off")
     # Every option as typed or defaulted, under its name (the preamble's fields say what they meant).
     info["options"] = {a.dest: getattr(args, a.dest) for a in parser._actions if a.dest not in ("help", "version")}
     info["options"]["stall_timeout"] = stall.default_timeout_now()

@@ -49,9 +49,9 @@ def closing(wrong: int, avg_busbw: Dict[str, float]) -> str:
 
 def write_csv(path: str, rows: Sequence[Row]) -> None:
     """One row per table line, the table's columns plus the ones the table leaves out."""
-    fields = list(Row.__dataclass_fields__)
+    fields = [f for f in Row.__dataclass_fields__ if f != "trials"]  # a nested record: --json has it
     with open(path, "w", newline="", encoding="utf-8") as out:
-        writer = csv.DictWriter(out, fieldnames=fields)
+        writer = csv.DictWriter(out, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         for row in rows:
             writer.writerow(row.as_dict())

@@ -10,7 +10,7 @@ from ..algorithms import ALGORITHMS
 from ..algorithms.mpi import MPI_OPS
 from ..collective import allreduce
 from ..comm import library_comm
-from .. import selection
+from .. import online, selection
 from .timing import time_calls
 
 
@@ -33,6 +33,8 @@ class Row:
     wrong: int         #: elements that differ from MPI's result, summed over ranks
     samples: int
     batch: int         #: calls per timed sample
+    explored: int = 0  #: ``auto``'s calls exploring (online tuning) before its warm-up, checked like the first
+    trials: Optional[dict] = None  #: ``auto``: what its exploration measured (``online.report``), if it explored
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -82,12 +84,17 @@ def sweep(comm: MPI.Intracomm, sizes: Sequence[int], dtype: np.dtype, op: str, a
         expected = reference(lib, x, op)
         buf = np.empty_like(x)
         restore = lambda: np.copyto(buf, x)  # noqa: E731
-        timed, wrong = {}, {}
+        timed, wrong, explored = {}, {}, 0
         for name in algorithms:
             call = timed[name] = make_call(name, buf, op, comm, mpi_direct)
             restore()
             call()  # the first call compiles or loads kernels and allocates scratch: untimed
             wrong[name] = int(np.count_nonzero(buf != expected))
+            while name == "auto" and online.exploring(lib, size):  # auto's exploration ends before its warm-up
+                restore()
+                call()
+                explored += 1
+                wrong[name] += int(np.count_nonzero(buf != expected))
         wrong = dict(zip(algorithms, comm.allreduce(np.array([wrong[n] for n in algorithms]), op=MPI.SUM).tolist()))
         times, batches = time_calls(timed, restore, comm, samples, warmup, batch)
         for name in algorithms:
@@ -96,7 +103,8 @@ def sweep(comm: MPI.Intracomm, sizes: Sequence[int], dtype: np.dtype, op: str, a
             algbw = size / median / 1e3 if median > 0 else 0.0
             chosen = selection.choose_for(lib, size) if name == "auto" else name
             row = Row(size, count, dtype.name, op, name, chosen, p, median, float(t.min()), float(t.max()),
-                      algbw, algbw * 2 * (p - 1) / p, wrong[name], samples, batches[name])
+                      algbw, algbw * 2 * (p - 1) / p, wrong[name], samples, batches[name],
+                      explored if name == "auto" else 0, online.report(lib, size) if name == "auto" else None)
             rows.append(row)
             if on_row:
                 on_row(row)

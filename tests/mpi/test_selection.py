@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from allreduce_kit import allreduce, library_comm, selection
+from allreduce_kit import ALGORITHMS, allreduce, config, library_comm, online, selection
 from conftest import assert_quiet
 
 #: Message sizes (bytes) on which the ranks' own files below disagree.
@@ -120,3 +120,152 @@ def test_the_table_is_read_once_per_communicator(comm, tmp_path_factory, monkeyp
         assert selection.choose_for(library_comm(fresh), 64) == "naive"
     finally:
         fresh.Free()
+
+
+# -- online tuning -----------------------------------------------------------------------------
+#: Sizes (bytes) in classes with different candidate lists and turn lengths.
+ONLINE_SIZES = (8, 1000, 96 << 10, (1 << 20) + 4)
+#: Sizes explored in full: the longest turns (8 calls, 2 candidates) and the most candidates
+#: of the lists below 1 MiB (3 calls, 3); small, so that 8 ranks on 2 cores stay quick.
+EXPLORED_SIZES = (8, 96 << 10)
+
+
+def record_runs(monkeypatch) -> list:
+    """Every registered algorithm, wrapped to append its name to the list returned when it runs."""
+    ran = []
+
+    def wrapped(name, fn):
+        def run(lib, buf, op):
+            ran.append(name)
+            fn(lib, buf, op)
+        return run
+
+    for name, fn in list(ALGORITHMS.items()):
+        monkeypatch.setitem(ALGORITHMS, name, wrapped(name, fn))
+    return ran
+
+
+@pytest.fixture
+def online_on(monkeypatch):
+    """Online tuning on and the built-in table, whatever the environment says."""
+    monkeypatch.setenv(config.ONLINE_TUNING.name, "on")
+    monkeypatch.setenv(selection.ENV, "builtin")
+
+
+def integer_input(n: int, rank: int, seed: int) -> np.ndarray:
+    """Small integers as float32: every algorithm's order of summing gives the exact sum."""
+    return np.random.default_rng([n, rank, seed]).integers(-8, 9, n // 4).astype(np.float32)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_online_tuning_explores_a_bounded_schedule_the_same_on_every_rank(comm, online_on, monkeypatch):
+    """Every call's result is the exact sum; every rank runs the same algorithm on the same call; the
+    exploration takes ``exploration_calls`` calls, or whole sets of more rounds when those were too
+    quick to trust, never more than ``MAX_EXTENSIONS`` sets, each candidate its share; then every
+    rank runs the one winner, the fastest by the agreed figures."""
+    lib = library_comm(comm)
+    ran = record_runs(monkeypatch)
+    p = comm.Get_size()
+    for nbytes in EXPLORED_SIZES:
+        prior = selection.choose_for(lib, nbytes)
+        candidates, block = online.candidates_for(nbytes, prior)
+        budget = online.exploration_calls(nbytes, prior)
+        assert budget == len(candidates) * (online.ROUNDS + 1) * block
+        most = online.exploration_calls(nbytes, prior, online.MAX_EXTENSIONS)
+        del ran[:]
+        calls = 0
+        while calls == 0 or online.exploring(lib, nbytes):
+            x = integer_input(nbytes, comm.Get_rank(), calls)
+            expected = sum(integer_input(nbytes, r, calls) for r in range(p))  # every rank's input, summed here
+            allreduce(x, algorithm="auto", comm=comm)
+            assert np.array_equal(x, expected), f"call {calls} at {nbytes} B ({ran[-1]}) is not the sum"
+            calls += 1
+            assert calls <= most, f"still exploring after {calls} calls at {nbytes} B"
+        extra_set = len(candidates) * online.ROUNDS * block
+        assert calls >= budget and (calls - budget) % extra_set == 0, (nbytes, calls, budget)
+        assert sorted(set(ran)) == sorted(candidates) and all(ran.count(c) == calls // len(candidates)
+                                                            for c in candidates), ran
+        report = online.report(lib, nbytes)
+        assert report["exploration_calls"] == calls
+        winner = report["algorithm"]
+        times = report["times_us"]
+        fastest = min(times, key=times.get)
+        assert winner == (prior if times[prior] <= times[fastest] * (1 + online.PRIOR_MARGIN) else fastest), times
+        assert selection.choose_for(lib, nbytes) == winner
+        for _ in range(3):
+            allreduce(np.ones(nbytes // 4, np.float32), algorithm="auto", comm=comm)
+        assert ran[calls:] == [winner] * 3
+        everyone = comm.allgather((ran, report))
+        assert all(other == (ran, report) for other in everyone), "ranks ran different algorithms or agreed on different figures"
+    assert_quiet(comm)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_online_tuning_explores_again_when_the_winner_drifts(comm, online_on, monkeypatch):
+    """A settled class checks its winner's time after one window; a time far from what exploration
+    measured (here: a measured time made tiny on every rank) sends it back to exploring, on every rank."""
+    lib = library_comm(comm)
+    nbytes = 64
+    while online.exploring(lib, nbytes):
+        allreduce(np.ones(nbytes // 4, np.float32), comm=comm)
+    tuner = lib.state[online.Tuner]
+    size_class = tuner.class_for(nbytes)
+    size_class.reference, size_class.quiet = 1e-12, 0  # the window and check come next
+    for _ in range(online.ROUNDS * size_class.block):
+        assert not online.exploring(lib, nbytes)
+        allreduce(np.ones(nbytes // 4, np.float32), comm=comm)
+    assert online.exploring(lib, nbytes)
+    assert all(comm.allgather(online.exploring(lib, nbytes)))
+    assert_quiet(comm)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_online_tuning_off_leaves_auto_to_its_table_rank_zero_deciding(comm, monkeypatch):
+    """Rank 0 turns it off; the others' 'on' does not count: every call runs the table's choice."""
+    monkeypatch.setenv(selection.ENV, "builtin")
+    monkeypatch.setenv(config.ONLINE_TUNING.name, "0" if comm.Get_rank() == 0 else "on")
+    lib = library_comm(comm)
+    ran = record_runs(monkeypatch)
+    for nbytes in ONLINE_SIZES:
+        for _ in range(3):
+            allreduce(np.ones(nbytes // 4, np.float32), comm=comm)
+        assert not online.exploring(lib, nbytes)
+        assert ran[-3:] == [selection.choose(nbytes, comm.Get_size())] * 3
+    assert lib.state[online.Tuner] is None and online.report(lib, 8) is None
+    assert_quiet(comm)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_saved_online_result_is_read_back_by_the_next_communicator(comm, tmp_path_factory, monkeypatch):
+    """``save``: rank 0 writes the agreed result into the tuning file, its other contents kept; a
+    new communicator starts with the class settled on it, running the saved winner from its first call."""
+    path = os.path.join(shared_dir(comm, tmp_path_factory), "tuning.json")
+    p = comm.Get_size()
+    if comm.Get_rank() == 0:
+        with open(path, "w") as out:
+            json.dump({"rules": {str(p + 1): [[0, "tree"]]}}, out)
+    comm.Barrier()
+    monkeypatch.setenv(selection.ENV, path)
+    monkeypatch.setenv(config.ONLINE_TUNING.name, "save")
+    lib = library_comm(comm)
+    nbytes = 3000
+    while online.exploring(lib, nbytes):
+        allreduce(np.ones(nbytes // 4, np.float32), comm=comm)
+    report = online.report(lib, nbytes)
+    comm.Barrier()
+    saved = json.load(open(path))
+    assert saved["rules"] == {str(p + 1): [[0, "tree"]]}, "the file's rules were not kept"
+    entry = saved["online"][f"{p}/{lib.layout.nodes}"]["2048"]
+    assert entry["algorithm"] == report["algorithm"] and entry["sizes"] == [2048, 4095] and entry["ranks"] == p
+    assert set(entry["times_us"]) == set(report["times_us"])
+
+    fresh = comm.Dup()
+    try:
+        ran = record_runs(monkeypatch)
+        assert not online.exploring(library_comm(fresh), 2500), "the saved class explored again"
+        allreduce(np.ones(2500 // 4, np.float32), comm=fresh)
+        assert ran == [entry["algorithm"]]
+        assert online.exploring(library_comm(fresh), 100), "a class not saved explores"
+    finally:
+        fresh.Free()
+    assert_quiet(comm)
