@@ -264,10 +264,14 @@ def rank_counts(ranks: int, nodes: int, per_node: Optional[Sequence[int]] = None
     return [ranks // nodes + (i < ranks % nodes) for i in range(min(nodes, ranks))]
 
 
-def hosts_argument(state: State, ranks: int, placement: str, per_node: Optional[Sequence[int]] = None) -> str:
-    """MPICH's ``-hosts`` for the placement: ``block`` fills node after node with its share,
-    ``round-robin`` deals ranks to the nodes in turn (rank r on node r mod N)."""
-    counts = rank_counts(ranks, len(state.nodes), per_node)
+def hosts_argument(state: State, ranks: int, placement: str, per_node: Optional[Sequence[int]] = None,
+                   nodes: Optional[int] = None) -> str:
+    """MPICH's ``-hosts`` for the placement over the first ``nodes`` nodes (default all): ``block``
+    fills node after node with its share, ``round-robin`` deals ranks to the nodes in turn (rank r
+    on node r mod N)."""
+    if nodes is not None and not 1 <= nodes <= len(state.nodes):
+        raise ValueError(f"--nodes must be between 1 and the cluster's {len(state.nodes)}, got {nodes}")
+    counts = rank_counts(ranks, nodes or len(state.nodes), per_node)
     used = state.nodes[:len(counts)]
     if placement == "block":
         return ",".join(f"{n.host}:{c}" for n, c in zip(used, counts))
@@ -279,7 +283,7 @@ def hosts_argument(state: State, ranks: int, placement: str, per_node: Optional[
 
 
 def mpiexec_command(state: State, ranks: int, command: Sequence[str], placement: str = "block",
-                    per_node: Optional[Sequence[int]] = None) -> List[str]:
+                    per_node: Optional[Sequence[int]] = None, nodes: Optional[int] = None) -> List[str]:
     """The ``mpiexec`` line that runs ``command`` as ``ranks`` ranks across the cluster."""
     mpiexec = Path(sys.executable).parent / "mpiexec"
     if not mpiexec.exists():
@@ -288,7 +292,7 @@ def mpiexec_command(state: State, ranks: int, command: Sequence[str], placement:
             raise ClusterError(f"no mpiexec beside {sys.executable} or on PATH (pip install mpich)")
         mpiexec = Path(found)
     return [str(mpiexec), "-launcher", "ssh", "-launcher-exec", str(STATE_DIR / "enter"),
-            "-hosts", hosts_argument(state, ranks, placement, per_node), "-iface", BRIDGE, "-n", str(ranks), *command]
+            "-hosts", hosts_argument(state, ranks, placement, per_node, nodes), "-iface", BRIDGE, "-n", str(ranks), *command]
 
 
 def run_environment() -> Dict[str, str]:

@@ -56,6 +56,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-n", type=_positive, required=True, help="number of ranks")
     p.add_argument("--placement", choices=("block", "round-robin"), default="block",
                    help="block: each node's ranks consecutive; round-robin: rank r on node r mod nodes")
+    p.add_argument("--nodes", type=_positive, default=None, help="use the first NODES nodes (default: all)")
     p.add_argument("--ranks-per-node", type=_counts, default=None,
                    help="ranks on each node in turn, e.g. 3,5 (block placement; default: as even as possible)")
     p.add_argument("--timeout", type=float, default=None, help="end the job after this many seconds")
@@ -142,7 +143,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         else:
             state = require()
             try:
-                command = mpiexec_command(state, args.n, args.cmd, args.placement, args.ranks_per_node)
+                command = mpiexec_command(state, args.n, args.cmd, args.placement, args.ranks_per_node, args.nodes)
             except ValueError as error:
                 print(f"{PROG}: error: {error}", file=sys.stderr)
                 return 2
