@@ -4,7 +4,10 @@ One cluster of three nodes is made for the module and removed at the end. On it:
 
 - the nodes are separate hosts: a direct read from a rank on another node fails, ``/dev/shm``
   is the node's own, the topology sees the nodes, the node-local paths are not taken across
-  nodes (``cluster/isolation_check.py``).
+  nodes (``cluster/isolation_check.py``);
+- every algorithm, op, dtype and awkward length matches MPI's own ``Allreduce`` (the cases of the
+  MPI suite's ``test_allreduce.py``, ``cluster/allreduce_check.py``) on 2 nodes x 2 ranks and on 3 nodes with uneven ranks, with block and
+  round-robin placement.
 
 Skipped, with the reason, where the cluster cannot be made: not root, no ``ip``/``tc``/
 ``unshare``/``nsenter``, not in a virtual environment (the ranks run this one's Python).
@@ -24,6 +27,8 @@ PYTHON = sys.executable
 #: Fast enough that the CPU, not the link, bounds the correctness runs; still shaped.
 LINK = "4gbit"
 NODES = 3
+#: Every algorithm x op x dtype x awkward length against MPI's own Allreduce.
+SUITE = ["-m", "mpi4py", str(TESTS / "cluster" / "allreduce_check.py")]
 
 
 def why_no_cluster():
@@ -57,7 +62,7 @@ def nodes():
     assert not cluster.leftovers() and not cluster.STATE_DIR.exists()
 
 
-def run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return command("run", "--timeout", str(timeout), *args, timeout=timeout + 30)
 
 
@@ -93,3 +98,16 @@ def test_nodes_are_isolated(nodes):
         done = run(*layout, "--", PYTHON, "-m", "mpi4py", str(TESTS / "cluster" / "isolation_check.py"), str(expected))
         assert done.returncode == 0, done.stdout + done.stderr
         assert done.stdout.startswith(f"isolated: {expected} nodes"), done.stdout + done.stderr
+
+
+@needs_cluster
+@pytest.mark.parametrize("layout", [
+    ["-n", "4", "--nodes", "2"],
+    ["-n", "4", "--nodes", "2", "--placement", "round-robin"],
+    ["-n", "5", "--ranks-per-node", "1,2,2"],
+    ["-n", "5", "--placement", "round-robin"],
+], ids=["2x2-block", "2x2-round-robin", "1+2+2-block", "2+2+1-round-robin"])
+def test_every_algorithm_across_nodes(nodes, layout):
+    done = run(*layout, "--", PYTHON, *SUITE)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    assert done.stdout.startswith("passed: "), done.stdout + done.stderr
