@@ -18,6 +18,9 @@ Where the table comes from, first match wins:
 it runs with and writes (or updates) the file. Rank 0 reads the table once per communicator, at
 the first ``auto`` call on it, and broadcasts it, so every rank makes the same choice even if
 the file differs between nodes.
+
+On a communicator whose ranks span several nodes, ``auto`` follows the node-aware cost model of
+``allreduce_kit/multinode.py`` instead (hierarchical or flat, by size, node count and ranks per node).
 """
 import json
 import math
@@ -178,7 +181,12 @@ def choose_for(lib, nbytes: int) -> str:
 
 
 def _load_everywhere(lib) -> Auto:
-    """Rank 0 loads the table and broadcasts it; a bad file raises on every rank."""
+    """Rank 0 loads the table and broadcasts it; a bad file raises on every rank. Across nodes,
+    the node-aware cost model instead (``multinode.py``): the table is measured on one node."""
+    if not lib.layout.single_node:
+        from .multinode import NodeAware
+
+        return NodeAware(lib.layout)  # type: ignore[return-value]
     try:
         loaded: object = load() if lib.myrank == 0 else None
     except ValueError as error:
