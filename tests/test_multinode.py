@@ -1,10 +1,13 @@
-"""What ``auto`` runs across nodes (``multinode.py``): pure functions, no MPI.
+"""What ``auto`` runs across nodes (``multinode.py``) and the bench's "link %": pure functions, no MPI.
 
 (``test_cluster.py`` runs ``auto`` across real, isolated nodes and checks every choice's result.)
 """
 import math
 
+import pytest
+
 from allreduce_kit import ALGORITHMS, multinode
+from allreduce_kit.bench import network
 from allreduce_kit.topology import Topology
 
 
@@ -59,3 +62,25 @@ def test_every_choice_is_registered_and_auto_says_where_it_comes_from():
         assert auto.choices == {} and "node-aware cost model" in auto.source
         for nbytes in (1, 1 << 12, 1 << 16, 1 << 26):
             assert auto.choose(nbytes) in ALGORITHMS
+
+
+def test_link_percent_is_the_bytes_a_link_must_carry_over_time_and_bandwidth():
+    # 2 nodes: the whole message crosses each link; 16 MiB in 134.2 ms at 1 Gbit/s is the limit
+    assert network.link_percent(16 << 20, (16 << 20) * 8 / 1e9 * 1e6, 2, 1e9) == pytest.approx(100)
+    # 4 nodes: 3/2 of the message; twice the time is half the link
+    assert network.link_percent(1 << 20, 2 * 1.5 * (1 << 20) * 8 / 250e6 * 1e6, 4, 250e6) == pytest.approx(50)
+    assert network.link_percent(1, 0, 2, 1e9) == 0
+
+
+def test_the_bench_names_nodes_and_link_only_across_nodes(monkeypatch):
+    monkeypatch.setattr(network, "cluster_link", lambda: None)
+    one = layout(4)
+    assert network.link_bandwidth(one, 10.0) is None
+    assert network.describe(one, None) == ["nodes: 1 (node1), ranks per node: 4"]
+    two = layout(3, 5)
+    assert network.link_bandwidth(two, None) is None
+    lines = network.describe(two, network.link_bandwidth(two, 0.25))
+    assert lines[0] == "nodes: 2 (node1, node2), ranks per node: 3, 5"
+    assert "0.250 Gbit/s" in lines[1] and "--link-gbps" in lines[1]
+    monkeypatch.setattr(network, "cluster_link", lambda: (9.5e8, "measured"))
+    assert network.link_bandwidth(two, None) == (9.5e8, "measured")
