@@ -7,11 +7,15 @@ One cluster of three nodes is made for the module and removed at the end. On it:
   nodes (``cluster/isolation_check.py``);
 - every algorithm, op, dtype and awkward length matches MPI's own ``Allreduce`` (the cases of the
   MPI suite's ``test_allreduce.py``, ``cluster/allreduce_check.py``) on 2 nodes x 2 ranks and on 3 nodes with uneven ranks, with block and
-  round-robin placement.
+  round-robin placement;
+- the bench names the nodes, the ranks on each and the link, adds "link %", and ``auto`` runs
+  ``hierarchical`` for a large message;
+- the trainer runs across the nodes and its straggler report names them.
 
 Skipped, with the reason, where the cluster cannot be made: not root, no ``ip``/``tc``/
 ``unshare``/``nsenter``, not in a virtual environment (the ranks run this one's Python).
 """
+import json
 import os
 import subprocess
 import sys
@@ -111,3 +115,33 @@ def test_every_algorithm_across_nodes(nodes, layout):
     done = run(*layout, "--", PYTHON, *SUITE)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert done.stdout.startswith("passed: "), done.stdout + done.stderr
+
+
+@needs_cluster
+def test_bench_shows_the_network(nodes, tmp_path):
+    out = tmp_path / "bench.json"
+    done = run("-n", "4", "--nodes", "2", "--", PYTHON, "-m", "allreduce_kit.bench", "-b", "1K", "-e", "1M", "-f", "1024",
+               "-n", "2", "-w", "1", "--batch", "1", "-a", "auto,mpi", "--json", str(out))
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    assert "# nodes: 2 (node1, node2), ranks per node: 2, 2" in done.stdout
+    assert "link % = 2(N-1)/N x size / time / link bandwidth, N = 2 nodes" in done.stdout
+    assert "auto's table: node-aware cost model (2 nodes" in done.stdout
+    rows = json.loads(out.read_text())["rows"]
+    chosen = {r["size"]: r["chosen"] for r in rows if r["algorithm"] == "auto"}
+    assert chosen == {1024: "recursive_doubling", 1 << 20: "hierarchical"}
+    for row in rows:  # 4 Gbit/s, the rate the cluster shapes to (not measured here)
+        assert row["link_pct"] == pytest.approx(100 * row["size"] * 8 / (row["time_us"] * 1e-6) / 4e9)
+
+
+@needs_cluster
+def test_trainer_reports_nodes(nodes, tmp_path):
+    out = tmp_path / "train.json"
+    done = run("-n", "4", "--nodes", "2", "--", PYTHON, "-m", "allreduce_kit.train", "--epochs", "1",
+               "--dataset", "synthetic", "--samples", "1024", "--features", "16", "--classes", "4",
+               "--json", str(out))
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["hosts"] == ["node1", "node2"]
+    hosts = {row["host"] for row in report["straggler"]["ranks"]}
+    assert hosts == {"node1", "node2"}
+    assert "node1" in done.stdout and "node2" in done.stdout

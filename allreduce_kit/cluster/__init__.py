@@ -74,6 +74,10 @@ def why_not_here() -> Optional[str]:
         return f"the emulated cluster needs {', '.join(missing)} (iproute2, util-linux), not found on PATH"
     if not os.path.exists("/proc/self/ns/net") or not os.path.exists("/proc/self/ns/pid"):
         return "this kernel has no network or PID namespaces"
+    probe = subprocess.run(["unshare", "--net", "--pid", "--fork", "--uts", "--ipc", "--mount", "true"],
+                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if probe.returncode != 0:
+        return f"new namespaces are not allowed here ({probe.stderr.strip() or 'unshare failed'})"
     return None
 
 

@@ -2,8 +2,8 @@
 ``Allreduce`` for every op, dtype and awkward length, and every rank ends bitwise the same.
 
 The cases of ``tests/mpi/test_allreduce.py``, with lengths for a network: empty, fewer than p,
-around p, odd, one past ``hierarchical``'s small-shard split at every shard count, and one large
-(2**20 + 3) for float32 sum and mean. Rank 0 prints ``passed: N cases`` or the first failures;
+around p, odd; for sum and mean, one past ``hierarchical``'s small-shard split at every shard count;
+and one large (2**20 + 3) for float32 sum. Rank 0 prints ``passed: N cases`` or the first failures;
 the exit status is 1 on any failure.
 """
 import sys
@@ -22,10 +22,12 @@ lib = library_comm(comm)
 
 
 def lengths(dtype: str, op: str):
-    base = {1, max(p - 1, 1), p, p + 1, 1000, 3 * (64 << 10) // np.dtype(dtype).itemsize + 7}
-    if dtype == "float32" and op in ("sum", "mean"):
+    base = {0, 1, max(p - 1, 1), p, p + 1, 1000}
+    if op in ("sum", "mean"):  # shards past the split, each dtype once with and once without a division
+        base.add(3 * (64 << 10) // np.dtype(dtype).itemsize + 7)
+    if dtype == "float32" and op == "sum":
         base.add(2 ** 20 + 3)
-    return sorted(base | {0})
+    return sorted(base)
 
 
 def local_values(n: int, dtype: str) -> np.ndarray:
@@ -83,4 +85,6 @@ if rank == 0:
     print("\n".join(failures[:20]) if failures else
           f"passed: {cases} cases on {layout.nodes} nodes, ranks per node {layout.ranks_per_node}", flush=True)
 comm.Free()
+if rank == 0 and "-v" in sys.argv:
+    print(f"freed ({MPI.Wtime():.1f})", flush=True)
 sys.exit(1 if failures else 0)
