@@ -20,7 +20,16 @@ small buffers (fewest rounds), ``ring`` from ``LATENCY_BYTES`` up (fewest bytes)
 round more, so it wins once lg N · (l - 1) · n > α · B: from ``LATENCY_BYTES / (lg N · (l - 1))``
 bytes. ``LATENCY_BYTES`` stands for α · B, the bytes a link moves in one message's latency: about
 64 KiB both on the emulated cluster (1 Gbit/s, ~0.1-0.5 ms per round on 2 cores) and on a
-datacenter network (25-100 Gbit/s, a few µs). Placement (block or round-robin) does not change the
+datacenter network (25-100 Gbit/s, a few µs). When ranks share cores (``Topology.oversubscribed``)
+each of ``hierarchical``'s waits inside the node can cost a turn of the scheduler, so its fixed
+cost is ``OVERSUBSCRIBED`` times larger (measured on the 2-core development machine, 2 nodes x 4
+ranks at 250 Mbit/s: ``hierarchical`` overtakes the flat exchange between 64 KiB and 256 KiB, not
+at the 21 KiB the plain model gives; docs/multinode.md).
+
+Below that, with several ranks on a node, ``auto`` runs MPI's own ``Allreduce``: for short
+messages MPICH's is node-aware itself (shared memory inside the node, one message per node across),
+which a flat exchange by messages is not; measured there it is as fast or faster than
+``recursive_doubling`` from 8 B to 256 KiB. Placement (block or round-robin) does not change the
 choice: ``hierarchical``'s traffic is the same either way, and the flat exchange's is at best what
 the model assumes (docs/multinode.md).
 """
@@ -31,6 +40,8 @@ from .topology import Topology
 
 #: α · B of the model: the bytes a node's link moves in the time of one round of messages.
 LATENCY_BYTES = 64 << 10
+#: How much more ``hierarchical``'s fixed cost is when ranks share cores.
+OVERSUBSCRIBED = 8
 
 
 def choose(layout: Topology, nbytes: int) -> str:
@@ -39,7 +50,7 @@ def choose(layout: Topology, nbytes: int) -> str:
     per_node = max(layout.ranks_per_node)
     if per_node == 1:
         return "ring" if nbytes >= LATENCY_BYTES else "recursive_doubling"
-    return "hierarchical" if nbytes >= crossover(layout) else "recursive_doubling"
+    return "hierarchical" if nbytes >= crossover(layout) else "mpi"
 
 
 def crossover(layout: Topology) -> int:
@@ -47,7 +58,8 @@ def crossover(layout: Topology) -> int:
     per_node = max(layout.ranks_per_node)
     if per_node == 1:
         return 1 << 62
-    return max(1, int(LATENCY_BYTES / (math.log2(layout.nodes) * (per_node - 1))))
+    fixed = LATENCY_BYTES * (OVERSUBSCRIBED if layout.oversubscribed else 1)
+    return max(1, int(fixed / (math.log2(layout.nodes) * (per_node - 1))))
 
 
 class NodeAware:

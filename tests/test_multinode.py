@@ -22,17 +22,25 @@ def layout(*ranks_per_node: int, placement: str = "block") -> Topology:
                 node_of.append(n % nodes)
                 left[n % nodes] -= 1
             n += 1
-    return Topology.from_parts(0, node_of, [2] * nodes, [f"node{i + 1}" for i in range(nodes)])
+    return Topology.from_parts(0, node_of, [max(ranks_per_node)] * nodes, [f"node{i + 1}" for i in range(nodes)])
 
 
-def test_small_messages_go_flat_large_ones_hierarchical():
+def test_small_messages_go_to_mpi_large_ones_hierarchical():
     for shape in ((4, 4), (2, 2, 2, 2), (3, 5), (2, 3, 3)):
         top = layout(*shape)
-        assert multinode.choose(top, 8) == "recursive_doubling", shape
+        assert multinode.choose(top, 8) == "mpi", shape
         assert multinode.choose(top, 64 << 20) == "hierarchical", shape
         edge = multinode.crossover(top)
-        assert multinode.choose(top, edge - 1) == "recursive_doubling"
+        assert multinode.choose(top, edge - 1) == "mpi"
         assert multinode.choose(top, edge) == "hierarchical"
+
+
+def test_ranks_sharing_cores_move_the_crossover_up():
+    shared = Topology.from_parts(0, [0, 0, 0, 0, 1, 1, 1, 1], [2, 2], ["node1", "node2"])
+    assert shared.oversubscribed
+    assert not layout(4, 4).oversubscribed
+    assert multinode.crossover(layout(4, 4)) == multinode.LATENCY_BYTES // 3
+    assert multinode.crossover(shared) == multinode.OVERSUBSCRIBED * multinode.LATENCY_BYTES // 3
 
 
 def test_the_crossover_follows_the_cost_model():
