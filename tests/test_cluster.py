@@ -77,6 +77,19 @@ def test_not_root_is_one_message_and_status_2(monkeypatch, capsys):
     assert err.count("\n") == 1 and "needs root" in err and "Traceback" not in err
 
 
+def test_help_version_and_bad_options():
+    assert command("--help").returncode == 0 and "usage:" in command("up", "--help").stdout
+    from allreduce_kit import __version__
+
+    assert command("--version").stdout.strip() == f"allreduce_kit {__version__}"
+    for args, message in ((["status", "--bogus"], "unrecognized arguments: --bogus"),
+                          (["up", "--link", "fast"], "link rate 'fast'"),
+                          (["up", "--nodes", "0"], "expected an integer >= 1"),
+                          (["run", "-n", "2"], "give the command after --")):
+        done = command(*args)
+        assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, args
+
+
 def test_bad_rate_is_rejected():
     with pytest.raises(ValueError, match="link rate"):
         cluster.link.parse_rate("fast")

@@ -44,6 +44,9 @@ def parser() -> argparse.ArgumentParser:
                                   description="An emulated cluster on this machine (root, Linux namespaces): "
                                               "isolated nodes joined through a bridge by rate-shaped links, and "
                                               "MPI jobs across them. See docs/multinode.md.")
+    from .. import __version__
+
+    top.add_argument("--version", action="version", version=f"allreduce_kit {__version__}")
     sub = top.add_subparsers(dest="command", required=True)
     p = sub.add_parser("up", formatter_class=DefaultsFormatter, help="make the cluster",
                        description="Make NODES isolated nodes (own network, host name, PIDs, IPC, /dev/shm), "
