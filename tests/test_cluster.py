@@ -149,7 +149,7 @@ def test_bench_shows_the_network(nodes, tmp_path):
 @needs_cluster
 def test_trainer_reports_nodes(nodes, tmp_path):
     out = tmp_path / "train.json"
-    done = run("-n", "4", "--nodes", "2", "--", PYTHON, "-m", "allreduce_kit.train", "--epochs", "1",
+    done = run("-n", "4", "--nodes", "2", "--", "python", "-m", "allreduce_kit.train", "--epochs", "1",  # this Python
                "--dataset", "synthetic", "--samples", "1024", "--features", "16", "--classes", "4",
                "--json", str(out))
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]

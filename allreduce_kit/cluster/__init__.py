@@ -300,8 +300,10 @@ def mpiexec_command(state: State, ranks: int, command: Sequence[str], placement:
 
 
 def run_environment() -> Dict[str, str]:
-    """The environment ranks run with: MPI's traffic between nodes on each node's ``eth0``."""
+    """The environment ranks run with: MPI's traffic between nodes on each node's ``eth0``, and
+    this Python's directory first on ``PATH``, so that ``python`` in the command is this one."""
     env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.setdefault("FI_TCP_IFACE", "eth0")
     env.setdefault("FI_PROVIDER", "tcp")
     env.setdefault("UCX_NET_DEVICES", "eth0")
