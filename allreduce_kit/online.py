@@ -2,7 +2,8 @@
 class, agree across ranks, keep the fastest, and look again when its time drifts.
 
 A size class is a power-of-two range of message sizes (``2**k`` to ``2**(k+1) - 1`` bytes).
-Wherever the built-in table would choose (a tuning file's rules are followed as written where
+On one node (across nodes the node-aware cost model of ``multinode.py`` decides), wherever the
+built-in table would choose (a tuning file's rules are followed as written where
 they measured), the first calls of a class on a communicator explore:
 
 1. the candidates are the table's choice and a short list for the size (``CANDIDATES``);
@@ -311,6 +312,8 @@ def _make(lib) -> Optional[Tuner]:
     """Rank 0's setting decides for every rank (a rank with other settings cannot make other
     choices); ``None`` when online tuning is off."""
     selection.source_for(lib)  # the table first: collective the first time
+    if not lib.layout.single_node:
+        return None  # across nodes the node-aware cost model decides (``multinode.py``)
     auto = lib.state[selection.Auto]
     decided = lib.bcast(_settings_on_rank_zero() if lib.myrank == 0 else None, root=0)
     if isinstance(decided, ValueError):

@@ -22,6 +22,8 @@ the file differs between nodes.
 Online tuning (``allreduce_kit/online.py``, on unless ``ALLREDUCE_KIT_ONLINE_TUNING=0``) refines
 the built-in table's choice by timing candidates during the first calls of each size class; a
 tuning file's rules are followed as written where they measured.
+On a communicator whose ranks span several nodes, ``auto`` follows the node-aware cost model of
+``allreduce_kit/multinode.py`` instead (hierarchical or flat, by size, node count and ranks per node).
 """
 import json
 import math
@@ -206,7 +208,12 @@ def choose_for(lib, nbytes: int) -> str:
 
 
 def _load_everywhere(lib) -> Auto:
-    """Rank 0 loads the table and broadcasts it; a bad file raises on every rank."""
+    """Rank 0 loads the table and broadcasts it; a bad file raises on every rank. Across nodes,
+    the node-aware cost model instead (``multinode.py``): the table is measured on one node."""
+    if not lib.layout.single_node:
+        from .multinode import NodeAware
+
+        return NodeAware(lib.layout)  # type: ignore[return-value]
     try:
         loaded: object = load() if lib.myrank == 0 else None
     except ValueError as error:

@@ -31,6 +31,11 @@ name                   what it does                                 when it is t
                        finished segment (on one node, read from     than half its memory traffic,
                        and written into the peers' buffers          and no chain of 2(p-1) waits
                        directly, a cached piece at a time)
+``hierarchical``       reduce-scatter inside each node, allreduce   ranks on several nodes, large
+                       of each shard with its owners on the other   messages: each node's link
+                       nodes (every local rank at once), allgather  carries 2(N-1)/N n for N nodes,
+                       inside the node; on one node, what ``auto``  shared by all its ranks
+                       runs there
 ``mpi``                MPI's own ``Allreduce``                      the oracle and the yardstick;
                                                                     ``auto`` may pick it where a
                                                                     tuning run finds it fastest
@@ -70,4 +75,4 @@ def register(name: str) -> Callable[[Algorithm], Algorithm]:
     return add
 
 
-from . import naive, tree, ring, recursive_doubling, rabenseifner, shared_memory, two_shot, mpi  # noqa: E402,F401  (each module registers itself)
+from . import naive, tree, ring, recursive_doubling, rabenseifner, shared_memory, two_shot, mpi, hierarchical  # noqa: E402,F401  (each module registers itself)

@@ -33,7 +33,7 @@ from ..launch import check_launch
 from ..reduction import OPS, use_kernels
 from ..threads import limit_threads
 from . import fit as cost
-from . import output
+from . import network, output
 from ..plots import mpi_name
 from .plot import have_matplotlib, plot
 from .sweep import available, ratios, sweep
@@ -101,6 +101,9 @@ def build_parser() -> RankZeroParser:
     parser.add_argument("--fit", metavar="JSON", nargs="*",
                         help="fit the alpha-beta-gamma model by least squares: to this run's rows, or, given "
                              "files written by --json, to theirs (no measuring then)")
+    parser.add_argument("--link-gbps", type=float, default=None, metavar="GBIT/S",
+                        help="a node link's bandwidth, for the 'link %%' column of a run across nodes (default: what "
+                             "the emulated cluster measured, python -m allreduce_kit.cluster status)")
     parser.add_argument("--stall-timeout", type=float, default=None, metavar="SECONDS",
                         help="a call still waiting after this long names the ranks that have not arrived and "
                              "aborts the job (0: off; docs/reliability.md) (default: $ALLREDUCE_KIT_STALL_TIMEOUT, "
@@ -140,6 +143,8 @@ def check_args(parser: RankZeroParser, args) -> None:
         args.names = list(dict.fromkeys(args.names))
     if args.tune and not [n for n in args.names if n != "auto"]:
         parser.error("--tune: -a must name at least one algorithm other than auto (auto is what it tunes)")
+    if args.link_gbps is not None and not 0 < args.link_gbps < float("inf"):
+        parser.error(f"--link-gbps must be a positive number of Gbit/s, got {args.link_gbps}")
     if args.plot and not have_matplotlib():
         parser.error("--plot needs matplotlib: pip install 'allreduce_kit[plot]'")
 
@@ -269,6 +274,12 @@ def preamble(comm: MPI.Intracomm, args, threads: int, auto_source: str, tuning: 
         say(f"# auto tunes online: {tuning} ({config.ONLINE_TUNING.name}); " + (
             "at each size auto's exploring calls (every one checked) run before its warm-up, so its row times "
             "the choice it settled on" if tuning != "off" else "its row times the table's choice"))
+    layout = library_comm(comm).layout
+    link = network.link_bandwidth(layout, args.link_gbps)
+    info.update(nodes=layout.nodes, node_hosts=list(layout.hosts), ranks_per_node=list(layout.ranks_per_node),
+                link_bits_per_second=link[0] if link else None, link_source=link[1] if link else None)
+    for text in network.describe(layout, link):
+        say(f"# {text}")
     say("#")
     return info
 
@@ -315,16 +326,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     # Every option as typed or defaulted, under its name (the preamble's fields say what they meant).
     info["options"] = {a.dest: getattr(args, a.dest) for a in parser._actions if a.dest not in ("help", "version")}
     info["options"]["stall_timeout"] = stall.default_timeout_now()
-    say(output.header())
+    nodes, link_bits = info["nodes"], info["link_bits_per_second"]
+
+    def link_pct(row) -> Optional[float]:
+        return network.link_percent(row.size, row.time_us, nodes, link_bits) if link_bits else None
+
+    say(output.header(link=link_bits is not None))
     rows = sweep(comm, sizes, dtype, args.op, args.names, args.iters, args.warmup_iters, args.batch,
-                 on_row=lambda row: say(output.line(row)), mpi_direct=not args.tune)
+                 on_row=lambda row: say(output.line(row, link_pct(row))), mpi_direct=not args.tune)
     table = ratios(rows)
     say(output.summary(table))
     wrong = sum(row.wrong for row in rows)
     average = avg_busbw(rows)
     say(output.closing(wrong, average))
 
-    payload = {"preamble": info, "rows": [r.as_dict() for r in rows],
+    payload = {"preamble": info, "rows": [dict(r.as_dict(), **({"link_pct": link_pct(r)} if link_bits else {}))
+                                          for r in rows],
                "ratios": {str(s): v for s, v in table.items()},
                "wrong_total": wrong, "avg_busbw": average}
     if args.tune:

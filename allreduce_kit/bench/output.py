@@ -1,6 +1,6 @@
 """The bench's outputs: the nccl-tests-style table (rank 0's stdout), CSV and JSON."""
 import csv
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 from .sweep import Row
 
@@ -8,9 +8,10 @@ COLUMNS = ("size(B)", "count", "type", "op", "algorithm", "time(us)", "min", "ma
            "#wrong")
 
 
-def header() -> str:
+def header(link: bool = False) -> str:
+    """The table's header; ``link``: with the "link %" column of a run across nodes (``network.py``)."""
     return (f"#{'size(B)':>12} {'count':>10} {'type':>8} {'op':>5} {'algorithm':>24} | {'time(us)':>10} {'min':>10} "
-            f"{'max':>10} | {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} | {'#wrong':>6}")
+            f"{'max':>10} | {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} | {'#wrong':>6}" + (f" | {'link %':>7}" if link else ""))
 
 
 def label(row: Row) -> str:
@@ -18,9 +19,10 @@ def label(row: Row) -> str:
     return f"auto({row.chosen})" if row.algorithm == "auto" else row.algorithm
 
 
-def line(row: Row) -> str:
+def line(row: Row, link_pct: Optional[float] = None) -> str:
     return (f" {row.size:>12} {row.count:>10} {row.dtype:>8} {row.op:>5} {label(row):>24} | {row.time_us:>10.2f} "
-            f"{row.min_us:>10.2f} {row.max_us:>10.2f} | {row.algbw:>11.3f} {row.busbw:>11.3f} | {row.wrong:>6}")
+            f"{row.min_us:>10.2f} {row.max_us:>10.2f} | {row.algbw:>11.3f} {row.busbw:>11.3f} | {row.wrong:>6}"
+            + (f" | {link_pct:>7.1f}" if link_pct is not None else ""))
 
 
 def summary(ratios: Dict[int, dict]) -> str:

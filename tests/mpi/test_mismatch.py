@@ -17,7 +17,7 @@ from conftest import assert_quiet
 
 #: Every algorithm, by name. ``mpi`` is MPI's own ``Allreduce``: MPICH aborts the whole job on
 #: a length that differs ("Message truncated"), which no test inside the job can survive.
-TESTED = ("naive", "tree", "ring", "recursive_doubling", "rabenseifner", "shared_memory", "two_shot")
+TESTED = ("naive", "tree", "ring", "recursive_doubling", "rabenseifner", "shared_memory", "two_shot", "hierarchical")
 NOT_TESTED = {"mpi"}
 #: Room on either side of every buffer, filled with a value no call writes: a write past a
 #: peer's buffer (by up to the largest difference in length tested) lands here.

@@ -1,0 +1,81 @@
+"""What ``auto`` runs on a communicator whose ranks span several nodes: a cost model with the
+link as the resource.
+
+N nodes, at most l ranks on a node, n bytes; α the time of one message across the network, B a
+node link's bandwidth. The link is what all ranks of a node share, so what counts is the bytes
+that cross each node's link, and the rounds of messages over it:
+
+- ``recursive_doubling`` (flat, ranks in blocks): lg N of its lg P steps cross the link, and in
+  each every rank of the node sends its whole buffer over it: lg N · l · n bytes per link, in
+  lg P rounds;
+- ``hierarchical``: the ranks of a node first fold their buffers together (memory, not the
+  link), then each node sends 2(N-1)/N · n over its link in all (``ring`` between nodes), or
+  lg N · n (``recursive_doubling`` between nodes, for small shards); one more round up front
+  (the agreement on the buffers' length and dtype) and two waits inside the node;
+- ``ring`` (flat, one rank per node): 2(N-1)/N · n per link in 2(N-1) rounds.
+
+With one rank per node there is nothing to fold inside a node: ``recursive_doubling`` for
+small buffers (fewest rounds), ``ring`` from ``LATENCY_BYTES`` up (fewest bytes). With l > 1,
+``hierarchical`` saves lg N · (l - 1) · n bytes per link over the flat exchange and costs about one
+round more, so it wins once lg N · (l - 1) · n > α · B: from ``LATENCY_BYTES / (lg N · (l - 1))``
+bytes. ``LATENCY_BYTES`` stands for α · B, the bytes a link moves in one message's latency: about
+64 KiB both on the emulated cluster (1 Gbit/s, ~0.1-0.5 ms per round on 2 cores) and on a
+datacenter network (25-100 Gbit/s, a few µs). When ranks share cores (``Topology.oversubscribed``)
+each of ``hierarchical``'s waits inside the node can cost a turn of the scheduler, so its fixed
+cost is ``OVERSUBSCRIBED`` times larger (measured on the 2-core development machine, 2 nodes x 4
+ranks at 250 Mbit/s: ``hierarchical`` overtakes the flat exchange between 64 KiB and 256 KiB, not
+at the 21 KiB the plain model gives; docs/multinode.md).
+
+Below that, with several ranks on a node, ``auto`` runs MPI's own ``Allreduce``: for short
+messages MPICH's is node-aware itself (shared memory inside the node, one message per node across),
+which a flat exchange by messages is not; measured there it is as fast or faster than
+``recursive_doubling`` from 8 B to 256 KiB. Placement (block or round-robin) does not change the
+choice: ``hierarchical``'s traffic is the same either way, and the flat exchange's is at best what
+the model assumes (docs/multinode.md).
+"""
+import math
+from typing import Dict
+
+from .topology import Topology
+
+#: α · B of the model: the bytes a node's link moves in the time of one round of messages.
+LATENCY_BYTES = 64 << 10
+#: How much more ``hierarchical``'s fixed cost is when ranks share cores.
+OVERSUBSCRIBED = 8
+
+
+def choose(layout: Topology, nbytes: int) -> str:
+    """The algorithm ``auto`` runs for ``nbytes`` bytes on a communicator laid out as ``layout``
+    (several nodes)."""
+    per_node = max(layout.ranks_per_node)
+    if per_node == 1:
+        return "ring" if nbytes >= LATENCY_BYTES else "recursive_doubling"
+    return "hierarchical" if nbytes >= crossover(layout) else "mpi"
+
+
+def crossover(layout: Topology) -> int:
+    """The smallest message, in bytes, for which ``auto`` runs ``hierarchical`` on ``layout``."""
+    per_node = max(layout.ranks_per_node)
+    if per_node == 1:
+        return 1 << 62
+    fixed = LATENCY_BYTES * (OVERSUBSCRIBED if layout.oversubscribed else 1)
+    return max(1, int(fixed / (math.log2(layout.nodes) * (per_node - 1))))
+
+
+class NodeAware:
+    """``auto`` on a communicator that spans nodes, as ``selection.Auto`` is on one node:
+    the choices made so far (``choices``, read first by ``allreduce``), and where they come from."""
+
+    __slots__ = ("layout", "choices", "source")
+    #: Online tuning refines the one-node table only; across nodes this model decides.
+    online = None
+
+    def __init__(self, layout: Topology):
+        self.layout = layout
+        self.choices: Dict[int, str] = {}
+        self.source = (f"node-aware cost model ({layout.nodes} nodes, {max(layout.ranks_per_node)} ranks per node "
+                       f"at most; hierarchical from {crossover(layout)} B)" if max(layout.ranks_per_node) > 1 else
+                       f"node-aware cost model ({layout.nodes} nodes, 1 rank per node; ring from {LATENCY_BYTES} B)")
+
+    def choose(self, nbytes: int) -> str:
+        return choose(self.layout, nbytes)

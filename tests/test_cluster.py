@@ -1,0 +1,160 @@
+"""The emulated cluster (``python -m allreduce_kit.cluster``): isolated nodes, and the library on them.
+
+One cluster of three nodes is made for the module and removed at the end. On it:
+
+- the nodes are separate hosts: a direct read from a rank on another node fails, ``/dev/shm``
+  is the node's own, the topology sees the nodes, the node-local paths are not taken across
+  nodes (``cluster/isolation_check.py``);
+- every algorithm, op, dtype and awkward length matches MPI's own ``Allreduce`` (the cases of the
+  MPI suite's ``test_allreduce.py``, ``cluster/allreduce_check.py``) on 2 nodes x 2 ranks and on 3 nodes with uneven ranks, with block and
+  round-robin placement;
+- the bench names the nodes, the ranks on each and the link, adds "link %", and ``auto`` runs
+  ``hierarchical`` for a large message;
+- the trainer runs across the nodes and its straggler report names them.
+
+Skipped, with the reason, where the cluster cannot be made: not root, no ``ip``/``tc``/
+``unshare``/``nsenter``, not in a virtual environment (the ranks run this one's Python).
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from allreduce_kit import cluster
+from allreduce_kit.cluster import __main__ as cli
+
+TESTS = Path(__file__).resolve().parent
+PYTHON = sys.executable
+#: Fast enough that the CPU, not the link, bounds the correctness runs; still shaped.
+LINK = "4gbit"
+NODES = 3
+#: Every algorithm x op x dtype x awkward length against MPI's own Allreduce.
+SUITE = ["-m", "mpi4py", str(TESTS / "cluster" / "allreduce_check.py")]
+
+
+def why_no_cluster():
+    problem = cluster.why_not_here()
+    if problem is None and sys.prefix == sys.base_prefix:
+        problem = "the nodes run the virtual environment's mpiexec and Python: run pytest from one (see README)"
+    return problem
+
+
+needs_cluster = pytest.mark.skipif(why_no_cluster() is not None, reason=str(why_no_cluster()))
+
+
+def command(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python -m allreduce_kit.cluster ARGS`` from the tests directory (the installed package)."""
+    try:
+        return subprocess.run([PYTHON, "-m", "allreduce_kit.cluster", *args], cwd=TESTS, capture_output=True,
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        command("down")
+        pytest.fail(f"cluster {' '.join(args)} did not finish within {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    command("down")  # whatever an earlier run left
+    made = command("up", "--nodes", str(NODES), "--link", LINK, "--no-measure")
+    assert made.returncode == 0, made.stderr
+    yield cluster.require()
+    gone = command("down")
+    assert gone.returncode == 0, gone.stderr
+    assert not cluster.leftovers() and not cluster.STATE_DIR.exists()
+
+
+def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return command("run", "--timeout", str(timeout), *args, timeout=timeout + 30)
+
+
+def test_not_root_is_one_message_and_status_2(monkeypatch, capsys):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert cli.main(["status"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs root" in err and "Traceback" not in err
+
+
+def test_help_version_and_bad_options():
+    assert command("--help").returncode == 0 and "usage:" in command("up", "--help").stdout
+    from allreduce_kit import __version__
+
+    assert command("--version").stdout.strip() == f"allreduce_kit {__version__}"
+    for args, message in ((["status", "--bogus"], "unrecognized arguments: --bogus"),
+                          (["up", "--link", "fast"], "link rate 'fast'"),
+                          (["up", "--nodes", "0"], "expected an integer >= 1"),
+                          (["run", "-n", "2"], "give the command after --")):
+        done = command(*args)
+        assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, args
+
+
+def test_bad_rate_is_rejected():
+    with pytest.raises(ValueError, match="link rate"):
+        cluster.link.parse_rate("fast")
+    assert cluster.link.parse_rate("250mbit") == 250_000_000
+    assert cluster.link.tbf("eth0", 10 ** 9)[-6:-4] == ["rate", "1000000000bit"]
+
+
+def test_placements():
+    state = cluster.State([cluster.Node(f"node{i}", f"10.0.0.{i}", 0) for i in (1, 2, 3)], 10 ** 9, "1gbit")
+    assert cluster.hosts_argument(state, 8, "block") == "node1:3,node2:3,node3:2"
+    assert cluster.hosts_argument(state, 8, "block", [3, 5]) == "node1:3,node2:5"
+    assert cluster.hosts_argument(state, 2, "round-robin") == "node1:1,node2:1"
+    assert cluster.hosts_argument(state, 4, "round-robin", nodes=2) == "node1:1,node2:1"
+    assert cluster.hosts_argument(state, 5, "block", nodes=2) == "node1:3,node2:2"
+    with pytest.raises(ValueError, match="add up"):
+        cluster.hosts_argument(state, 8, "block", [3, 4])
+
+
+@needs_cluster
+def test_nodes_are_isolated(nodes):
+    for layout in (["-n", "4", "--nodes", "2"], ["-n", "5", "--placement", "round-robin"]):
+        expected = 2 if "--nodes" in layout else NODES
+        done = run(*layout, "--", PYTHON, "-m", "mpi4py", str(TESTS / "cluster" / "isolation_check.py"), str(expected))
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.startswith(f"isolated: {expected} nodes"), done.stdout + done.stderr
+
+
+@needs_cluster
+@pytest.mark.parametrize("layout", [
+    ["-n", "4", "--nodes", "2"],
+    ["-n", "4", "--nodes", "2", "--placement", "round-robin"],
+    ["-n", "5", "--ranks-per-node", "1,2,2"],
+    ["-n", "5", "--placement", "round-robin"],
+], ids=["2x2-block", "2x2-round-robin", "1+2+2-block", "2+2+1-round-robin"])
+def test_every_algorithm_across_nodes(nodes, layout):
+    done = run(*layout, "--", PYTHON, *SUITE)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    assert done.stdout.startswith("passed: "), done.stdout + done.stderr
+
+
+@needs_cluster
+def test_bench_shows_the_network(nodes, tmp_path):
+    out = tmp_path / "bench.json"
+    done = run("-n", "4", "--nodes", "2", "--", PYTHON, "-m", "allreduce_kit.bench", "-b", "1K", "-e", "1M", "-f", "1024",
+               "-n", "2", "-w", "1", "--batch", "1", "-a", "auto,mpi", "--json", str(out))
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    assert "# nodes: 2 (node1, node2), ranks per node: 2, 2" in done.stdout
+    assert "link % = 2(N-1)/N x size / time / link bandwidth, N = 2 nodes" in done.stdout
+    assert "auto's table: node-aware cost model (2 nodes" in done.stdout
+    rows = json.loads(out.read_text())["rows"]
+    chosen = {r["size"]: r["chosen"] for r in rows if r["algorithm"] == "auto"}
+    assert chosen == {1024: "mpi", 1 << 20: "hierarchical"}  # 2 x 2 ranks, a core each: from 64 KiB
+    for row in rows:  # 4 Gbit/s, the rate the cluster shapes to (not measured here)
+        assert row["link_pct"] == pytest.approx(100 * row["size"] * 8 / (row["time_us"] * 1e-6) / 4e9)
+
+
+@needs_cluster
+def test_trainer_reports_nodes(nodes, tmp_path):
+    out = tmp_path / "train.json"
+    done = run("-n", "4", "--nodes", "2", "--", "python", "-m", "allreduce_kit.train", "--epochs", "1",  # this Python
+               "--dataset", "synthetic", "--samples", "1024", "--features", "16", "--classes", "4",
+               "--json", str(out))
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["hosts"] == ["node1", "node2"]
+    hosts = {row["host"] for row in report["straggler"]["ranks"]}
+    assert hosts == {"node1", "node2"}
+    assert "node1" in done.stdout and "node2" in done.stdout
