@@ -8,7 +8,10 @@ from typing import Dict, Iterable, Sequence
 import numba
 import numpy as np
 
-from . import reduce as _k
+from . import cache
+
+cache.refresh()  # before any cached compiled function of the package is loaded
+from . import reduce as _k  # noqa: E402
 
 OPS = ("sum", "prod", "max", "min")
 DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64"))
