@@ -91,3 +91,9 @@ def test_no_tracked_text_file_narrates_the_history_of_the_work():
         for number, name, matched in history_labels(path.read_text(encoding="utf-8", errors="replace")):
             hits.append(f"{path.relative_to(ROOT)}:{number}: {name}: {matched!r}")
     assert not hits, f"{len(hits)} history label(s); state what is true now instead:\n" + "\n".join(hits)
+
+
+def test_the_performance_page_is_read_in_minutes():
+    """One current table per rank count and the model behind them, not pasted bench output."""
+    lines = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8").count("\n")
+    assert lines < 300, f"docs/performance.md has {lines} lines; move detail to its own page"
