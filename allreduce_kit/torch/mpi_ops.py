@@ -57,7 +57,7 @@ class _State:
 
     def drain(self) -> None:
         """Wait for every reduction handed to the worker (re-raises one that failed)."""
-        if self._worker is not None and not self._worker.idle:
+        if self._worker is not None:
             self._worker.drain()
 
     def stop(self) -> None:

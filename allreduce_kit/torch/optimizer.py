@@ -3,9 +3,10 @@
 The parameters are split into buckets of at most ``bucket_mb`` MB, in reverse order (the last
 layers first, as backward produces their gradients). A hook on each parameter counts its
 gradient in; when a bucket's gradients are all in, the bucket is handed to the background
-thread (``worker.py``), which copies them into one flat buffer, averages it with the library's
-``allreduce`` and copies the result back into ``.grad``, while backward goes on computing the
-gradients of the earlier layers. Buckets are handed over in bucket order only, so every rank
+thread (``worker.py``), which copies them into the bucket's flat buffer, averages it in place
+with the library's ``allreduce`` and makes each ``.grad`` a view of its slice of the result (no
+copy back; a ``.grad`` zeroed in place stays that view, and is not copied in again), while
+backward goes on computing the gradients of the earlier layers. Buckets are handed over in bucket order only, so every rank
 issues the same reductions in the same order. The last bucket (the first layers, whose
 gradients come last) is reduced by ``step()`` itself, on the calling thread: nothing is left to
 overlap with it, and a hand-over would only add latency.
@@ -28,14 +29,16 @@ from . import mpi_ops, tensors
 from .compression import Compression, check_compression
 from .timing import Timing
 
-#: Default bucket size in MB (10^6 bytes): a model smaller than this is one bucket.
-BUCKET_MB = 4.0
+#: Default bucket size in MB (10^6 bytes), DDP's: a model smaller than this is one bucket,
+#: reduced in ``step()`` without a hand-over; a larger one is a few buckets, all but the last
+#: reduced on the worker during backward.
+BUCKET_MB = 25.0
 
 
 class _Bucket:
     """Consecutive parameters of one dtype and their gradients' place in one flat buffer."""
 
-    __slots__ = ("params", "names", "bounds", "flat", "seconds")
+    __slots__ = ("params", "names", "bounds", "flat", "views", "seconds")
 
     def __init__(self, named: Sequence[Tuple[str, torch.Tensor]]):
         self.names = [name for name, _ in named]
@@ -46,6 +49,8 @@ class _Bucket:
             self.bounds.append((start, start + p.numel()))
             start += p.numel()
         self.flat = torch.empty(start, dtype=self.params[0].dtype)
+        #: each parameter's slice of ``flat`` in its shape: its ``.grad`` after a reduction
+        self.views = [self.flat[a:b].view(p.shape) for p, (a, b) in zip(self.params, self.bounds)]
         self.seconds = 0.0  # how long its last reduction took (pack, reduce, unpack)
 
 
@@ -143,10 +148,11 @@ class _DistributedOptimizer:
         bucket = self._buckets[k]
         flat = bucket.flat
         for p, (a, b) in zip(bucket.params, bucket.bounds):
-            if p.grad is None:
+            grad = p.grad
+            if grad is None:
                 flat[a:b].zero_()
-            else:
-                flat[a:b].copy_(p.grad.detach().reshape(-1))
+            elif grad.data_ptr() != flat[a:b].data_ptr():   # not already the bucket's own memory
+                flat[a:b].copy_(grad.detach().reshape(-1))
         scaled = self._predivide != 1.0
         if scaled:
             flat.mul_(1.0 / self._predivide)
@@ -160,12 +166,9 @@ class _DistributedOptimizer:
             flat.copy_(self._compression.decompress(compressed, ctx))
         if scaled:
             flat.mul_(self._predivide / self._size)
-        for p, (a, b) in zip(bucket.params, bucket.bounds):
-            reduced = flat[a:b].view(p.shape)
-            if p.grad is None:
-                p.grad = reduced.clone()
-            else:
-                p.grad.detach().copy_(reduced)
+        for p, view in zip(bucket.params, bucket.views):
+            if p.grad is not view:
+                p.grad = view        # the average, where it is: no copy back
         bucket.seconds = time.perf_counter() - start
 
     # -- what the user calls ----------------------------------------------------------------------

@@ -151,7 +151,8 @@ def text(result: Dict[str, Any], title: str = "straggler report") -> str:
                         headline(s), straggler_table(s)]
     where = ""
     if "buckets" in result:
-        where = (f"; {result['buckets']} buckets of at most {result['bucket_mb']:g} MB, reduced "
+        where = (f"; {result['buckets']} bucket{'s' if result['buckets'] != 1 else ''} of at most "
+                 f"{result['bucket_mb']:g} MB, reduced "
                  f"{'on a background thread during backward' if result.get('background') else 'in step()'}")
     lines.append(f"gradient reduction: {o['reduction_ms_p50']:.2f} ms per step (median), "
                  f"{100 * o['hidden_share_p50']:.0f}% of it hidden behind backward (median over steps){where}")

@@ -41,10 +41,6 @@ class Worker:
             self._pending += 1
             self._ready.notify_all()
 
-    @property
-    def idle(self) -> bool:
-        return self._pending == 0
-
     def drain(self) -> None:
         """Wait until every job submitted so far has finished; re-raise the first that failed."""
         with self._ready:

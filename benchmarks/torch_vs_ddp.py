@@ -1,0 +1,196 @@
+"""PyTorch data-parallel step time: allreduce_kit.torch beside DDP over Gloo, in one run.
+
+Three versions of the same training step run in turn, in the same processes, on the same model,
+batch and ranks:
+
+- ``floor``: forward, backward and SGD update with no communication at all, the least any
+  data-parallel implementation can take;
+- ``allreduce_kit``: ``allreduce_kit.torch.DistributedOptimizer`` (gradients averaged in buckets
+  on a background thread while backward runs);
+- ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` over the Gloo backend, its defaults.
+
+Each round runs every version for ``--warmup`` untimed and ``--steps`` timed steps, in an order
+that rotates between rounds. A step's time is the mean over ranks of each rank's wall time for
+that step; the table gives the median over all timed steps of all rounds, the overhead (step
+minus floor) and the ratios to DDP, with the share of allreduce_kit's reduction time hidden
+behind backward. Models: ``mlp`` (64-256-10, batch 128 per rank) and ``10m`` (1024-2048-2048-
+2048-10, 10.5 M parameters, batch 32 per rank).
+
+Run (one node; ``--json`` keeps the figures):
+
+    mpirun -n 4 python -m allreduce_kit.run benchmarks/torch_vs_ddp.py --model mlp
+    mpirun -n 4 python -m allreduce_kit.run benchmarks/torch_vs_ddp.py --model 10m --json 10m-p4.json
+"""
+import argparse
+import datetime
+import json
+import os
+import socket
+import sys
+import time
+from typing import Callable, Dict, List
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from mpi4py import MPI
+
+import allreduce_kit.torch as hvd
+
+MODELS = {
+    "mlp": {"layers": (64, 256, 10), "batch": 128, "steps": 200, "warmup": 20},
+    "10m": {"layers": (1024, 2048, 2048, 2048, 10), "batch": 32, "steps": 20, "warmup": 3},
+}
+VERSIONS = ("floor", "allreduce_kit", "ddp")
+
+
+def mlp(layers) -> nn.Sequential:
+    parts: List[nn.Module] = []
+    for i, (a, b) in enumerate(zip(layers[:-1], layers[1:])):
+        parts.append(nn.Linear(a, b))
+        if i < len(layers) - 2:
+            parts.append(nn.ReLU())
+    return nn.Sequential(*parts)
+
+
+def start_gloo(comm: MPI.Intracomm, address: str) -> None:
+    """A Gloo process group over the same ranks, rendezvous at rank 0 (port chosen there)."""
+    port = None
+    if comm.Get_rank() == 0:
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+    port = comm.bcast(port, root=0)
+    dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=comm.Get_rank(),
+                            world_size=comm.Get_size(), timeout=datetime.timedelta(seconds=120))
+
+
+def step_function(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> Callable:
+    def step() -> None:
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    return step
+
+
+def timed(comm: MPI.Intracomm, step: Callable[[], None], warmup: int, steps: int) -> np.ndarray:
+    """Per timed step, the mean over ranks of each rank's wall time (seconds)."""
+    for _ in range(warmup):
+        step()
+    comm.Barrier()
+    times = np.empty(steps)
+    for i in range(steps):
+        start = time.perf_counter()
+        step()
+        times[i] = time.perf_counter() - start
+    total = np.empty_like(times)
+    comm.Allreduce(times, total, op=MPI.SUM)
+    return total / comm.Get_size()
+
+
+def run_model(name: str, args, comm: MPI.Intracomm) -> Dict:
+    spec = MODELS[name]
+    batch = args.batch or spec["batch"]
+    steps, warmup = args.steps or spec["steps"], args.warmup if args.warmup is not None else spec["warmup"]
+    rank = comm.Get_rank()
+    generator = torch.Generator().manual_seed(rank)
+    x = torch.randn(batch, spec["layers"][0], generator=generator)
+    y = torch.randint(0, spec["layers"][-1], (batch,), generator=generator)
+    torch.manual_seed(0)                                  # the same initial model in every version
+    reference = mlp(spec["layers"])
+    models = {v: mlp(spec["layers"]) for v in VERSIONS}
+    for model in models.values():
+        model.load_state_dict(reference.state_dict())
+    sgd = lambda m: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+    floor_opt = sgd(models["floor"])
+    ours = hvd.DistributedOptimizer(sgd(models["allreduce_kit"]),
+                                    named_parameters=models["allreduce_kit"].named_parameters(),
+                                    bucket_mb=args.bucket_mb)
+    ddp = nn.parallel.DistributedDataParallel(models["ddp"])
+    steps_of = {
+        "floor": step_function(models["floor"], floor_opt, x, y),
+        "allreduce_kit": step_function(models["allreduce_kit"], ours, x, y),
+        "ddp": step_function(ddp, sgd(ddp), x, y),
+    }
+    samples: Dict[str, List[np.ndarray]] = {v: [] for v in VERSIONS}
+    for r in range(args.rounds):
+        order = VERSIONS[r % 3:] + VERSIONS[:r % 3]
+        for version in order:
+            samples[version].append(timed(comm, steps_of[version], warmup, steps))
+    overlap = ours.report(file=None)["overlap"]
+    median = {v: float(np.median(np.concatenate(samples[v]))) * 1e3 for v in VERSIONS}
+    over = {v: median[v] - median["floor"] for v in ("allreduce_kit", "ddp")}
+    return {
+        "model": name, "layers": list(spec["layers"]),
+        "parameters": sum(p.numel() for p in reference.parameters()),
+        "batch_per_rank": batch, "steps": steps, "warmup": warmup, "rounds": args.rounds,
+        "step_ms_p50": median,
+        "overhead_ms_p50": over,
+        "step_ratio_to_ddp": median["allreduce_kit"] / median["ddp"],
+        "overhead_ratio_to_ddp": over["allreduce_kit"] / over["ddp"] if over["ddp"] > 0 else float("nan"),
+        "hidden_share_p50": overlap["hidden_share_p50"],
+        "reduction_ms_p50": overlap["reduction_ms_p50"],
+        "buckets": len(ours._buckets), "bucket_mb": args.bucket_mb,
+    }
+
+
+def line(result: Dict, ranks: int) -> str:
+    m = result["step_ms_p50"]
+    o = result["overhead_ms_p50"]
+    return (f"{result['model']:>4} {result['parameters']:>10,d} {result['batch_per_rank']:>5d} {ranks:>5d} "
+            f"{m['floor']:>9.3f} {m['allreduce_kit']:>9.3f} {m['ddp']:>9.3f} "
+            f"{o['allreduce_kit']:>9.3f} {o['ddp']:>9.3f} "
+            f"{result['step_ratio_to_ddp']:>6.2f}x {result['overhead_ratio_to_ddp']:>6.2f}x "
+            f"{100 * result['hidden_share_p50']:>6.0f}%")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=[*MODELS, "both"], default="both")
+    parser.add_argument("--batch", type=int, default=0, help="samples per rank per step (default: the model's)")
+    parser.add_argument("--steps", type=int, default=0, help="timed steps per version per round (default: the model's)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps before each timed block")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--bucket-mb", type=float, default=hvd.BUCKET_MB, help="allreduce_kit's bucket size")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads per rank (default: this rank's share of its node's cores)")
+    parser.add_argument("--address", default="",
+                        help="Gloo's rendezvous address (default: rank 0's host name)")
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args()
+    comm = MPI.COMM_WORLD
+    rank, ranks = comm.Get_rank(), comm.Get_size()
+    bad = [f"--{name} must be >= 1" for name, value in (("rounds", args.rounds),) if value < 1]
+    bad += [f"--{name} must be >= 0" for name, value in (("batch", args.batch), ("steps", args.steps),
+                                                         ("threads", args.threads), ("bucket-mb", args.bucket_mb))
+            if value < 0]
+    if bad:
+        if rank == 0:
+            print(f"{parser.prog}: error: {'; '.join(bad)}", file=sys.stderr)
+        return 2
+    hvd.init()
+    threads = args.threads or max(1, (os.cpu_count() or 1) // hvd.local_size())
+    torch.set_num_threads(threads)
+    address = args.address or comm.bcast(socket.gethostname() if rank == 0 else None, root=0)
+    start_gloo(comm, address)
+    results = [run_model(name, args, comm) for name in (MODELS if args.model == "both" else [args.model])]
+    if rank == 0:
+        print(f"{ranks} ranks, {threads} torch thread(s) each, MPI thread level "
+              f"{'multiple' if hvd.mpi_threads_supported() else 'below multiple'}; median step time in ms")
+        print(f"{'model':>4} {'params':>10} {'batch':>5} {'ranks':>5} {'floor':>9} {'ark':>9} {'ddp':>9} "
+              f"{'ark-flr':>9} {'ddp-flr':>9} {'ark/ddp':>7} {'ovh r':>7} {'hidden':>7}")
+        for result in results:
+            print(line(result, ranks))
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as out:
+                json.dump({"ranks": ranks, "threads": threads, "results": results}, out, indent=2)
+            print(f"wrote {args.json}")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
