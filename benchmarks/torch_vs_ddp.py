@@ -1,20 +1,22 @@
 """PyTorch data-parallel step time: allreduce_kit.torch beside DDP over Gloo, in one run.
 
-Three versions of the same training step run in turn, in the same processes, on the same model,
-batch and ranks:
+Four versions of the same training step run in turn, in the same processes, on the same
+model, batch and ranks:
 
 - ``floor``: forward, backward and SGD update with no communication at all, the least any
   data-parallel implementation can take;
-- ``allreduce_kit``: ``allreduce_kit.torch.DistributedOptimizer`` (gradients averaged in buckets
-  on a background thread while backward runs);
+- ``allreduce_kit``: ``allreduce_kit.torch.DistributedOptimizer`` with its defaults (gradients
+  reduced during backward only where a node has a core to spare, else in ``step()``);
+- ``allreduce_kit+overlap``: the same with ``overlap=True``: buckets of ``--bucket-mb`` reduced
+  on the background thread while backward runs;
 - ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` over the Gloo backend, its defaults.
 
 Each round runs every version for ``--warmup`` untimed and ``--steps`` timed steps, in an order
 that rotates between rounds. A step's time is the mean over ranks of each rank's wall time for
 that step; the table gives the median over all timed steps of all rounds, the overhead (step
-minus floor) and the ratios to DDP, with the share of allreduce_kit's reduction time hidden
-behind backward. Models: ``mlp`` (64-256-10, batch 128 per rank) and ``10m`` (1024-2048-2048-
-2048-10, 10.5 M parameters, batch 32 per rank).
+minus floor), the ratios to DDP's, and for allreduce_kit the share of its reduction time
+hidden behind backward (``DistributedOptimizer.report``). Models: ``mlp`` (64-256-10, batch 128
+per rank) and ``10m`` (1024-2048-2048-2048-10, 10.5 M parameters, batch 32 per rank).
 
 Run (one node; ``--json`` keeps the figures):
 
@@ -43,7 +45,8 @@ MODELS = {
     "mlp": {"layers": (64, 256, 10), "batch": 128, "steps": 200, "warmup": 20},
     "10m": {"layers": (1024, 2048, 2048, 2048, 10), "batch": 32, "steps": 20, "warmup": 3},
 }
-VERSIONS = ("floor", "allreduce_kit", "ddp")
+VERSIONS = ("floor", "allreduce_kit", "allreduce_kit+overlap", "ddp")
+OURS = ("allreduce_kit", "allreduce_kit+overlap")
 
 
 def mlp(layers) -> nn.Sequential:
@@ -104,46 +107,59 @@ def run_model(name: str, args, comm: MPI.Intracomm) -> Dict:
     for model in models.values():
         model.load_state_dict(reference.state_dict())
     sgd = lambda m: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
-    floor_opt = sgd(models["floor"])
-    ours = hvd.DistributedOptimizer(sgd(models["allreduce_kit"]),
-                                    named_parameters=models["allreduce_kit"].named_parameters(),
-                                    bucket_mb=args.bucket_mb)
-    ddp = nn.parallel.DistributedDataParallel(models["ddp"])
-    steps_of = {
-        "floor": step_function(models["floor"], floor_opt, x, y),
-        "allreduce_kit": step_function(models["allreduce_kit"], ours, x, y),
-        "ddp": step_function(ddp, sgd(ddp), x, y),
+    ours = {
+        "allreduce_kit": hvd.DistributedOptimizer(sgd(models["allreduce_kit"]),
+                                                  named_parameters=models["allreduce_kit"].named_parameters()),
+        "allreduce_kit+overlap": hvd.DistributedOptimizer(
+            sgd(models["allreduce_kit+overlap"]), named_parameters=models["allreduce_kit+overlap"].named_parameters(),
+            bucket_mb=args.bucket_mb, overlap=True),
     }
+    ddp = nn.parallel.DistributedDataParallel(models["ddp"])
+    steps_of = {"floor": step_function(models["floor"], sgd(models["floor"]), x, y),
+                "ddp": step_function(ddp, sgd(ddp), x, y)}
+    steps_of.update({v: step_function(models[v], ours[v], x, y) for v in OURS})
     samples: Dict[str, List[np.ndarray]] = {v: [] for v in VERSIONS}
     for r in range(args.rounds):
-        order = VERSIONS[r % 3:] + VERSIONS[:r % 3]
+        order = VERSIONS[r % len(VERSIONS):] + VERSIONS[:r % len(VERSIONS)]
         for version in order:
             samples[version].append(timed(comm, steps_of[version], warmup, steps))
-    overlap = ours.report(file=None)["overlap"]
     median = {v: float(np.median(np.concatenate(samples[v]))) * 1e3 for v in VERSIONS}
-    over = {v: median[v] - median["floor"] for v in ("allreduce_kit", "ddp")}
+    versions = {}
+    for v in VERSIONS:
+        row = {"step_ms_p50": median[v], "overhead_ms_p50": median[v] - median["floor"]}
+        if v != "floor":
+            row["step_ratio_to_ddp"] = median[v] / median["ddp"]
+            ddp_over = median["ddp"] - median["floor"]
+            row["overhead_ratio_to_ddp"] = row["overhead_ms_p50"] / ddp_over if ddp_over > 0 else float("nan")
+        if v in ours:
+            report = ours[v].report(file=None)
+            row.update({"hidden_share_p50": report["overlap"]["hidden_share_p50"],
+                        "reduction_ms_p50": report["overlap"]["reduction_ms_p50"],
+                        "buckets": report["buckets"], "bucket_mb": report["bucket_mb"],
+                        "background": report["background"], "background_reason": report["background_reason"]})
+        versions[v] = row
     return {
         "model": name, "layers": list(spec["layers"]),
         "parameters": sum(p.numel() for p in reference.parameters()),
         "batch_per_rank": batch, "steps": steps, "warmup": warmup, "rounds": args.rounds,
-        "step_ms_p50": median,
-        "overhead_ms_p50": over,
-        "step_ratio_to_ddp": median["allreduce_kit"] / median["ddp"],
-        "overhead_ratio_to_ddp": over["allreduce_kit"] / over["ddp"] if over["ddp"] > 0 else float("nan"),
-        "hidden_share_p50": overlap["hidden_share_p50"],
-        "reduction_ms_p50": overlap["reduction_ms_p50"],
-        "buckets": len(ours._buckets), "bucket_mb": args.bucket_mb,
+        "versions": versions,
     }
 
 
-def line(result: Dict, ranks: int) -> str:
-    m = result["step_ms_p50"]
-    o = result["overhead_ms_p50"]
-    return (f"{result['model']:>4} {result['parameters']:>10,d} {result['batch_per_rank']:>5d} {ranks:>5d} "
-            f"{m['floor']:>9.3f} {m['allreduce_kit']:>9.3f} {m['ddp']:>9.3f} "
-            f"{o['allreduce_kit']:>9.3f} {o['ddp']:>9.3f} "
-            f"{result['step_ratio_to_ddp']:>6.2f}x {result['overhead_ratio_to_ddp']:>6.2f}x "
-            f"{100 * result['hidden_share_p50']:>6.0f}%")
+def lines(result: Dict, ranks: int) -> List[str]:
+    out = [f"{result['model']} ({result['parameters']:,d} parameters), batch {result['batch_per_rank']} per rank, "
+           f"{ranks} ranks; median of {result['rounds']} x {result['steps']} steps:"]
+    for v, row in result["versions"].items():
+        text = f"  {v:<22} step {row['step_ms_p50']:9.3f} ms"
+        if v != "floor":
+            text += (f"  overhead {row['overhead_ms_p50']:9.3f} ms  step/ddp {row['step_ratio_to_ddp']:5.2f}x"
+                     f"  overhead/ddp {row['overhead_ratio_to_ddp']:5.2f}x")
+        if "hidden_share_p50" in row:
+            text += (f"  hidden {100 * row['hidden_share_p50']:3.0f}% of {row['reduction_ms_p50']:.2f} ms"
+                     f"  ({row['buckets']} bucket{'s' if row['buckets'] != 1 else ''}, "
+                     f"{'during backward' if row['background'] else 'in step()'})")
+        out.append(text)
+    return out
 
 
 def main() -> int:
@@ -154,7 +170,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=0, help="timed steps per version per round (default: the model's)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps before each timed block")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--bucket-mb", type=float, default=hvd.BUCKET_MB, help="allreduce_kit's bucket size")
+    parser.add_argument("--bucket-mb", type=float, default=hvd.BUCKET_MB,
+                        help="bucket size of allreduce_kit+overlap (MB of 10^6 bytes)")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads per rank (default: this rank's share of its node's cores)")
     parser.add_argument("--address", default="",
@@ -179,11 +196,9 @@ def main() -> int:
     results = [run_model(name, args, comm) for name in (MODELS if args.model == "both" else [args.model])]
     if rank == 0:
         print(f"{ranks} ranks, {threads} torch thread(s) each, MPI thread level "
-              f"{'multiple' if hvd.mpi_threads_supported() else 'below multiple'}; median step time in ms")
-        print(f"{'model':>4} {'params':>10} {'batch':>5} {'ranks':>5} {'floor':>9} {'ark':>9} {'ddp':>9} "
-              f"{'ark-flr':>9} {'ddp-flr':>9} {'ark/ddp':>7} {'ovh r':>7} {'hidden':>7}")
+              f"{'multiple' if hvd.mpi_threads_supported() else 'below multiple'}")
         for result in results:
-            print(line(result, ranks))
+            print("\n".join(lines(result, ranks)))
         if args.json:
             with open(args.json, "w", encoding="utf-8") as out:
                 json.dump({"ranks": ranks, "threads": threads, "results": results}, out, indent=2)

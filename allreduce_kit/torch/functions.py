@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..stall import INSPECTOR
-from . import mpi_ops
+from . import mpi_ops, tensors
 from .tensors import check_tensor
 
 #: Each tensor starts at a multiple of this many bytes of the packed buffer, so that a view of
@@ -18,30 +18,30 @@ from .tensors import check_tensor
 _ALIGN = 16
 
 
-def _offsets(tensors: Sequence[torch.Tensor]) -> Tuple[List[int], int]:
+def _offsets(members: Sequence[torch.Tensor]) -> Tuple[List[int], int]:
     starts, total = [], 0
-    for t in tensors:
+    for t in members:
         starts.append(total)
         total += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
     return starts, total
 
 
-def _broadcast_tensors(tensors: Sequence[torch.Tensor], r: int, what: str) -> None:
+def _broadcast_tensors(members: Sequence[torch.Tensor], r: int, what: str) -> None:
     """Overwrite every tensor with ``r``'s, through one packed buffer and one ``Bcast``."""
     s = mpi_ops.state()
-    if s.size == 1 or not tensors:
+    if s.size == 1 or not members:
         return
-    starts, total = _offsets(tensors)
-    buf = torch.empty(total, dtype=torch.uint8)
+    starts, total = _offsets(members)
+    buf = tensors.empty((total,), torch.uint8)
     if s.rank == r:
-        for t, start in zip(tensors, starts):
+        for t, start in zip(members, starts):
             raw = t.detach().reshape(-1).contiguous()
             raw = raw if raw.dtype == torch.uint8 else raw.view(torch.uint8)
             buf[start:start + raw.numel()].copy_(raw)
-    with INSPECTOR.watching(s.lib.watch, f"{what}(root_rank={r}, {len(tensors)} tensors, {total} bytes)"):
+    with INSPECTOR.watching(s.lib.watch, f"{what}(root_rank={r}, {len(members)} tensors, {total} bytes)"):
         s.lib.Bcast(buf.numpy(), root=r)
     if s.rank != r:
-        for t, start in zip(tensors, starts):
+        for t, start in zip(members, starts):
             nbytes = t.numel() * t.element_size()
             t.detach().copy_(buf[start:start + nbytes].view(t.dtype).view(t.shape))
 
@@ -114,13 +114,13 @@ def _strip(value: Any, found: List[torch.Tensor]) -> Any:
     return value
 
 
-def _fill(value: Any, tensors: Sequence[torch.Tensor]) -> Any:
+def _fill(value: Any, found: Sequence[torch.Tensor]) -> Any:
     if isinstance(value, _Slot):
-        return tensors[value.index]
+        return found[value.index]
     if isinstance(value, dict):
-        return {k: _fill(v, tensors) for k, v in value.items()}
+        return {k: _fill(v, found) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_fill(v, tensors) for v in value)
+        return type(value)(_fill(v, found) for v in value)
     return value
 
 

@@ -389,7 +389,7 @@ def _reduced_copy(tensor: torch.Tensor, call: _Reduce, caller: str) -> torch.Ten
     """A new tensor: ``tensor`` compressed, scaled, reduced, scaled and decompressed."""
     compressed, ctx = call.compression.compress(tensor.detach())
     check_tensor(compressed, caller, "the compressed tensor", dtypes=tensors.REDUCIBLE, contiguous=False)
-    out = compressed.clone(memory_format=torch.contiguous_format)
+    out = tensors.empty(compressed.shape, compressed.dtype).copy_(compressed)
     if call.prescale != 1.0:
         out.mul_(call.prescale)
     state().drain()
@@ -489,7 +489,7 @@ def _gathered(tensor: torch.Tensor, caller: str, name: Optional[str], check: boo
         if any(v != values[0] for v in values):
             raise ValueError(f"{caller}: {field} differs between ranks ({_difference(values)})")
     rows = [e[1] for e in entries]
-    out = torch.empty((sum(rows), *tensor.shape[1:]), dtype=tensor.dtype)
+    out = tensors.empty((sum(rows), *tensor.shape[1:]), tensor.dtype)
     row_bytes = out[0].numel() * out.element_size() if len(out) else 0
     counts = [r * row_bytes for r in rows]
     displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64).tolist()
@@ -556,7 +556,7 @@ class _BroadcastFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, r, name):
         ctx.root = r
-        out = tensor.detach().clone(memory_format=torch.contiguous_format)
+        out = tensors.empty(tensor.shape, tensor.dtype).copy_(tensor.detach())
         _broadcast_into(out, r, "broadcast", name)
         return out
 
@@ -578,7 +578,7 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None, 
     r = _broadcast_checked("broadcast", tensor, root_rank, name, check)
     if tensor.requires_grad and torch.is_grad_enabled():
         return _BroadcastFunction.apply(tensor, r, name)
-    out = tensor.detach().clone(memory_format=torch.contiguous_format)
+    out = tensors.empty(tensor.shape, tensor.dtype).copy_(tensor.detach())
     _broadcast_into(out, r, "broadcast", name)
     return out
 

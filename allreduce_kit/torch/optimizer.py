@@ -4,16 +4,19 @@ The parameters are split into buckets of at most ``bucket_mb`` MB, in reverse or
 layers first, as backward produces their gradients). A hook on each parameter counts its
 gradient in; when a bucket's gradients are all in, the bucket is handed to the background
 thread (``worker.py``), which copies them into the bucket's flat buffer, averages it in place
-with the library's ``allreduce`` and makes each ``.grad`` a view of its slice of the result (no
-copy back; a ``.grad`` zeroed in place stays that view, and is not copied in again), while
-backward goes on computing the gradients of the earlier layers. Buckets are handed over in bucket order only, so every rank
-issues the same reductions in the same order. The last bucket (the first layers, whose
-gradients come last) is reduced by ``step()`` itself, on the calling thread: nothing is left to
-overlap with it, and a hand-over would only add latency.
+with the library's ``allreduce`` and makes each ``.grad`` a view of its slice of the result
+(no copy back; a ``.grad`` zeroed in place stays that view and is not copied in again), while
+backward goes on computing the gradients of the earlier layers. Buckets are handed over in
+bucket order only, so every rank issues the same reductions in the same order. The last
+bucket (the first layers, whose gradients come last) is reduced by ``step()`` itself, on the
+calling thread: nothing is left to overlap with it, and a hand-over would only add latency.
 
-``step()`` (or ``synchronize()``) hands over what is left, waits only for what is still in
-flight, then runs the wrapped optimizer's update. Every step's timing is kept for
-``report()``: the straggler report, and the share of the reduction time hidden behind backward.
+The background thread is used where it can hide something: by default only where every node
+has a core to spare beyond its ranks' torch threads (``overlap_choice``); elsewhere every
+bucket is reduced in ``step()``, by default as one bucket. ``step()`` (or ``synchronize()``)
+hands over what is left, waits only for what is still in flight, then runs the wrapped
+optimizer's update. Every step's timing is kept for ``report()``: the straggler report, and
+the share of the reduction time hidden behind backward.
 """
 import functools
 import math
@@ -24,15 +27,42 @@ from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional, Sequence, TextIO, Tuple
 
 import torch
+from mpi4py import MPI
 
+from ..stall import INSPECTOR
 from . import mpi_ops, tensors
 from .compression import Compression, check_compression
 from .timing import Timing
 
-#: Default bucket size in MB (10^6 bytes), DDP's: a model smaller than this is one bucket,
-#: reduced in ``step()`` without a hand-over; a larger one is a few buckets, all but the last
-#: reduced on the worker during backward.
+#: Default bucket size in MB (10^6 bytes) when buckets are reduced during backward, DDP's: a
+#: model smaller than this is one bucket, reduced in ``step()`` without a hand-over. Without
+#: the background thread the default is one bucket for the whole model.
 BUCKET_MB = 25.0
+
+
+def overlap_choice(overlap: Optional[bool]) -> Tuple[bool, str]:
+    """Whether this rank would reduce buckets on the background thread, and why.
+
+    ``None`` (the default) decides from where the ranks sit: only if this node has a core left
+    for the thread beyond its ranks' torch threads. Within a node a reduction is CPU work (and
+    MPI polls while it waits), so on cores that backward keeps busy the thread takes time from
+    backward instead of hiding behind it: measured on 2 cores at 2 ranks, a 42 MB gradient in
+    25 MB buckets during backward cost more than one bucket reduced in ``step()``.
+    """
+    s = mpi_ops.state()
+    if s.size == 1:
+        return False, "one rank: nothing to reduce"
+    if not s.threaded:
+        return False, "MPI did not give MPI_THREAD_MULTIPLE"
+    if overlap is not None:
+        return overlap, "overlap=True" if overlap else "overlap=False"
+    layout, threads = s.layout, torch.get_num_threads()
+    cores = layout.cores_per_node[layout.node]
+    need = layout.local_size * (threads + 1)
+    where = f"{layout.local_size} ranks x {threads} torch thread{'s' if threads > 1 else ''} on {cores} cores"
+    if cores >= need:
+        return True, f"a core to spare for it ({where})"
+    return False, f"no core to spare for it ({where}); overlap=True forces it"
 
 
 class _Bucket:
@@ -48,7 +78,7 @@ class _Bucket:
         for p in self.params:
             self.bounds.append((start, start + p.numel()))
             start += p.numel()
-        self.flat = torch.empty(start, dtype=self.params[0].dtype)
+        self.flat = tensors.empty((start,), self.params[0].dtype)   # numpy's memory: see tensors.empty
         #: each parameter's slice of ``flat`` in its shape: its ``.grad`` after a reduction
         self.views = [self.flat[a:b].view(p.shape) for p, (a, b) in zip(self.params, self.bounds)]
         self.seconds = 0.0  # how long its last reduction took (pack, reduce, unpack)
@@ -82,8 +112,16 @@ class _DistributedOptimizer:
     _buckets: List[_Bucket]
 
     def _distribute(self, named: List[Tuple[str, torch.Tensor]], compression: Any, backward_passes_per_step: int,
-                    op: str, gradient_predivide_factor: float, bucket_mb: float) -> None:
+                    op: str, gradient_predivide_factor: float, bucket_mb: Optional[float], overlap: Optional[bool]) -> None:
         s = mpi_ops.state()
+        background, why = overlap_choice(overlap)
+        if s.size > 1 and overlap is None:   # every rank must cut the same buckets: all or none overlap
+            with INSPECTOR.watching(s.lib.watch, "DistributedOptimizer: choosing where buckets are reduced"):
+                vote = s.lib.allreduce(int(background), op=MPI.MIN)
+            if background and not vote:
+                background, why = False, "some node has no core to spare for it; overlap=True forces it"
+        if bucket_mb is None:
+            bucket_mb = BUCKET_MB if background else 0.0
         self._size = s.size
         self._compression = compression
         self._backward_passes = backward_passes_per_step
@@ -105,7 +143,7 @@ class _DistributedOptimizer:
         self._synchronized = False
         self._should_synchronize = True
         self._hooks = []
-        self._background = s.size > 1 and s.threaded and len(self._buckets) > 1
+        self._background = background and len(self._buckets) > 1
         if s.size > 1:
             ref = weakref.ref(self)
             for index, p in enumerate(self._params):
@@ -113,7 +151,10 @@ class _DistributedOptimizer:
             if self._background:
                 s.worker()  # start the thread now, not in the first backward
         self._timing = Timing()
-        self._timing.extra = {"buckets": len(self._buckets), "bucket_mb": bucket_mb, "background": self._background}
+        if background and len(self._buckets) == 1:
+            why = "one bucket: reduced in step(), as the last bucket always is"
+        self._timing.extra = {"buckets": len(self._buckets), "bucket_mb": bucket_mb, "background": self._background,
+                              "background_reason": why}
         self._step_end = time.perf_counter()
         self._sync_start: Optional[float] = None
         self._waited = 0.0
@@ -281,7 +322,7 @@ def _named(optimizer: torch.optim.Optimizer, named_parameters: Any) -> List[Tupl
 
 
 def _checked_arguments(compression, backward_passes_per_step, op, gradient_predivide_factor,
-                       bucket_mb) -> Tuple[Any, int, str, float, float]:
+                       bucket_mb, overlap) -> Tuple[Any, int, str, float, Optional[float], Optional[bool]]:
     caller = "DistributedOptimizer"
     check_compression(compression, caller)
     if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int):
@@ -296,21 +337,27 @@ def _checked_arguments(compression, backward_passes_per_step, op, gradient_predi
         raise ValueError(f"{caller}: gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
     if predivide != 1.0 and name != mpi_ops.Average:
         raise ValueError(f"{caller}: gradient_predivide_factor applies to op=Average only")
-    if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)):
-        raise TypeError(f"{caller}: bucket_mb must be a number of MB (10^6 bytes), got {type(bucket_mb).__name__}")
-    if not 0 <= bucket_mb < math.inf:
-        raise ValueError(f"{caller}: bucket_mb must be >= 0 (0: one bucket), got {bucket_mb}")
-    return compression, backward_passes_per_step, name, predivide, float(bucket_mb)
+    if bucket_mb is not None:
+        if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)):
+            raise TypeError(f"{caller}: bucket_mb must be a number of MB (10^6 bytes), got {type(bucket_mb).__name__}")
+        if not 0 <= bucket_mb < math.inf:
+            raise ValueError(f"{caller}: bucket_mb must be >= 0 (0: one bucket), got {bucket_mb}")
+        bucket_mb = float(bucket_mb)
+    if overlap is not None and not isinstance(overlap, bool):
+        raise TypeError(f"{caller}: overlap must be True, False or None, got {type(overlap).__name__}")
+    return compression, backward_passes_per_step, name, predivide, bucket_mb, overlap
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step: int = 1, op=mpi_ops.Average, gradient_predivide_factor: float = 1.0,
-                         *, bucket_mb: float = BUCKET_MB) -> torch.optim.Optimizer:
+                         *, bucket_mb: Optional[float] = None, overlap: Optional[bool] = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` applies the gradients averaged over all ranks.
 
     Collective. Returns an optimizer of the same class (``isinstance`` holds, learning-rate
     schedulers work) sharing the wrapped one's parameter groups and state. Gradients are
-    reduced in buckets of at most ``bucket_mb`` MB while backward runs (module docstring);
+    reduced in buckets of at most ``bucket_mb`` MB while backward runs (module docstring) where
+    ``overlap`` is True, or None and every node has a core to spare (``overlap_choice``);
+    otherwise in ``step()``, in one bucket unless ``bucket_mb`` says otherwise;
     ``backward_passes_per_step`` backward passes are accumulated locally before a step;
     ``op`` is ``Average`` or ``Sum``; ``compression=Compression.fp16`` sends 2-byte floats.
     Every rank must wrap the same model (names, shapes and dtypes of the parameters, and these
@@ -325,14 +372,14 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
 
     def validate():
         return _named(optimizer, named_parameters), _checked_arguments(
-            compression, backward_passes_per_step, op, gradient_predivide_factor, bucket_mb)
+            compression, backward_passes_per_step, op, gradient_predivide_factor, bucket_mb, overlap)
 
     def describe(value) -> Dict[str, Any]:
-        named, (comp, passes, name, predivide, mb) = value
+        named, (comp, passes, name, predivide, mb, overlap_) = value
         return {"parameters (name, shape, dtype)": [(n, tuple(p.shape), str(p.dtype).replace("torch.", ""))
                                                     for n, p in named],
                 "op": name, "backward_passes_per_step": passes, "compression": getattr(comp, "__name__", repr(comp)),
-                "gradient_predivide_factor": predivide, "bucket_mb": mb}
+                "gradient_predivide_factor": predivide, "bucket_mb": mb, "overlap": overlap_}
 
     named, arguments = mpi_ops.begin(caller, True, validate, describe)
     base = type(optimizer)

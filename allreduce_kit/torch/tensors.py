@@ -46,6 +46,22 @@ def check_tensor(tensor, caller: str, arg: str = "tensor", dtypes: Optional[Sequ
     return tensor
 
 
+def empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """A new contiguous CPU tensor over memory numpy allocated.
+
+    NumPy asks the kernel for huge pages for large arrays (``madvise``), torch's allocator does
+    not; the library's one-node algorithms, which read and write other ranks' buffers, ran twice
+    as fast on a 42 MB buffer of numpy's as on one of torch's, and copies into it faster too.
+    """
+    count = 1
+    for n in shape:
+        count *= int(n)
+    if count == 0:
+        return torch.empty(tuple(shape), dtype=dtype)
+    raw = np.empty(count * torch.empty(0, dtype=dtype).element_size(), dtype=np.uint8)
+    return torch.from_numpy(raw).view(dtype).view(tuple(shape))
+
+
 def as_numpy(tensor: torch.Tensor) -> np.ndarray:
     """A numpy array over ``tensor``'s memory (a contiguous CPU tensor of a numpy dtype); no copy."""
     return tensor.detach().numpy()

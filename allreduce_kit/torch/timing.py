@@ -151,9 +151,11 @@ def text(result: Dict[str, Any], title: str = "straggler report") -> str:
                         headline(s), straggler_table(s)]
     where = ""
     if "buckets" in result:
-        where = (f"; {result['buckets']} bucket{'s' if result['buckets'] != 1 else ''} of at most "
-                 f"{result['bucket_mb']:g} MB, reduced "
+        size = f"at most {result['bucket_mb']:g} MB" if result["bucket_mb"] else "one for all parameters"
+        where = (f"; {result['buckets']} bucket{'s' if result['buckets'] != 1 else ''} ({size}), reduced "
                  f"{'on a background thread during backward' if result.get('background') else 'in step()'}")
+        if result.get("background_reason"):
+            where += f": {result['background_reason']}"
     lines.append(f"gradient reduction: {o['reduction_ms_p50']:.2f} ms per step (median), "
                  f"{100 * o['hidden_share_p50']:.0f}% of it hidden behind backward (median over steps){where}")
     return "\n".join(lines)

@@ -7,6 +7,7 @@ rank without a hang.
 """
 import hashlib
 import json
+import os
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from conftest import assert_same_everywhere  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 RANK, P = WORLD.Get_rank(), WORLD.Get_size()
+THREADED = MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -309,10 +311,11 @@ def sgd(net, lr=0.1):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("bucket_mb", [0.0, 0.0005], ids=["one-bucket", "several-buckets"])
+@pytest.mark.parametrize("bucket_mb, overlap", [(None, None), (0.0005, True), (0.0005, False)],
+                         ids=["defaults", "buckets-during-backward", "buckets-in-step"])
 @pytest.mark.parametrize("passes", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_p_ranks_with_batch_b_match_one_process_with_batch_pb(dtype, passes, bucket_mb):
+def test_p_ranks_with_batch_b_match_one_process_with_batch_pb(dtype, passes, bucket_mb, overlap):
     b = 4
     data = batches(P, b, dtype)
     alone = made_on(0, dtype)
@@ -322,9 +325,10 @@ def test_p_ranks_with_batch_b_match_one_process_with_batch_pb(dtype, passes, buc
     net.bn.eval()
     hvd.broadcast_parameters(net.state_dict(), root_rank=0)
     opt = hvd.DistributedOptimizer(sgd(net), named_parameters=net.named_parameters(),
-                                   backward_passes_per_step=passes, bucket_mb=bucket_mb)
+                                   backward_passes_per_step=passes, bucket_mb=bucket_mb, overlap=overlap)
     assert isinstance(opt, torch.optim.SGD)
-    assert len(opt._buckets) == (1 if bucket_mb == 0 else 4)
+    assert len(opt._buckets) == (1 if bucket_mb is None else 4)
+    assert opt._background == (bool(overlap) and P > 1 and THREADED)
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)   # schedulers take it
     train(net, opt, data, slice(RANK * b, (RANK + 1) * b), passes)
     schedule.step()
@@ -353,7 +357,7 @@ def test_op_sum_predivide_and_fp16_compression(variant):
     kwargs = {"sum": {"op": hvd.Sum}, "predivide": {"gradient_predivide_factor": 2.0},
               "fp16": {"compression": hvd.Compression.fp16}}[variant]
     opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9),
-                                   named_parameters=net.named_parameters(), bucket_mb=0.0005, **kwargs)
+                                   named_parameters=net.named_parameters(), bucket_mb=0.0005, overlap=True, **kwargs)
     # predivide also zeroes the gradients in place: they stay views of the buckets' memory
     train(net, opt, data, slice(RANK * b, (RANK + 1) * b), set_to_none=variant != "predivide")
     tolerance = 2e-3 if variant == "fp16" else 1e-5
@@ -368,7 +372,7 @@ def test_a_parameter_unused_on_some_ranks_is_averaged_as_zero_there():
     net = made_on(0, extra=True)
     net.bn.eval()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), named_parameters=net.named_parameters(),
-                                   bucket_mb=0.0005)
+                                   bucket_mb=0.0005, overlap=True)
     before = net.extra.weight.detach().clone()
     x = data_of(RANK, (4, 20), torch.float32)
     opt.zero_grad()
@@ -383,7 +387,7 @@ def test_a_parameter_unused_on_some_ranks_is_averaged_as_zero_there():
 def test_synchronize_then_step_in_skip_synchronize_and_report(tmp_path_factory):
     net = made_on(0)
     net.bn.eval()
-    opt = hvd.DistributedOptimizer(sgd(net), named_parameters=net.named_parameters(), bucket_mb=0.0005)
+    opt = hvd.DistributedOptimizer(sgd(net), named_parameters=net.named_parameters(), bucket_mb=0.0005, overlap=True)
     data = batches(P, 4, torch.float32)
     loss_fn = torch.nn.CrossEntropyLoss()
     for x, y in data:
@@ -404,13 +408,30 @@ def test_synchronize_then_step_in_skip_synchronize_and_report(tmp_path_factory):
     assert len(overlap["hidden_share"]) == STEPS - 1
     assert all(0.0 <= share <= 1.0 for share in overlap["hidden_share"])
     assert result["buckets"] == 4
-    assert result["background"] == (P > 1 and MPI.Query_thread() == MPI.THREAD_MULTIPLE)
+    assert result["background"] == (P > 1 and THREADED)
     if P > 1:
         assert overlap["reduction_ms_p50"] > 0
     if RANK == 0:
         with open(path) as saved:
             assert json.load(saved) == result
     assert hvd.allgather_object(result) == [result] * P
+
+
+@pytest.mark.mpi
+def test_by_default_buckets_are_reduced_during_backward_only_with_a_core_to_spare():
+    node = WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    local = node.Get_size()
+    cores = len(set().union(*node.allgather(os.sched_getaffinity(0))))
+    node.Free()
+    spare = all(WORLD.allgather(cores >= local * (torch.get_num_threads() + 1)))
+    net = Net()
+    opt = hvd.DistributedOptimizer(sgd(net), named_parameters=net.named_parameters())
+    background = P > 1 and THREADED and spare
+    assert opt._timing.extra["bucket_mb"] == (hvd.BUCKET_MB if background else 0.0)
+    assert len(opt._buckets) == 1 and not opt._background   # a small model is one bucket either way
+    reason = opt._timing.extra["background_reason"]
+    assert ("one bucket" in reason) if background else ("no core to spare" in reason or P == 1 or not THREADED)
+    assert_quiet()
 
 
 @pytest.mark.mpi
@@ -544,7 +565,7 @@ def test_distributed_optimizer_refuses_a_gpu_parameter_on_every_rank():
 def test_too_many_backward_passes_and_zero_grad_too_early_are_refused():
     net = made_on(0)
     net.bn.eval()
-    opt = hvd.DistributedOptimizer(sgd(net), named_parameters=net.named_parameters(), bucket_mb=0.0005)
+    opt = hvd.DistributedOptimizer(sgd(net), named_parameters=net.named_parameters(), bucket_mb=0.0005, overlap=True)
     x = data_of(0, (4, 20), torch.float32)
     net(x).sum().backward()
     if P > 1:
