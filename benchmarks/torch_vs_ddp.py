@@ -23,7 +23,6 @@ Run (one node; ``--json`` keeps the figures):
     mpirun -n 4 python -m allreduce_kit.run benchmarks/torch_vs_ddp.py --model mlp
     mpirun -n 4 python -m allreduce_kit.run benchmarks/torch_vs_ddp.py --model 10m --json 10m-p4.json
 """
-import argparse
 import datetime
 import json
 import os
@@ -40,6 +39,7 @@ import torch.nn.functional as F
 from mpi4py import MPI
 
 import allreduce_kit.torch as hvd
+from allreduce_kit.cli import RankZeroParser
 
 MODELS = {
     "mlp": {"layers": (64, 256, 10), "batch": 128, "steps": 200, "warmup": 20},
@@ -163,8 +163,7 @@ def lines(result: Dict, ranks: int) -> List[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = RankZeroParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=[*MODELS, "both"], default="both")
     parser.add_argument("--batch", type=int, default=0, help="samples per rank per step (default: the model's)")
     parser.add_argument("--steps", type=int, default=0, help="timed steps per version per round (default: the model's)")
@@ -178,16 +177,14 @@ def main() -> int:
                         help="Gloo's rendezvous address (default: rank 0's host name)")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
-    comm = MPI.COMM_WORLD
-    rank, ranks = comm.Get_rank(), comm.Get_size()
     bad = [f"--{name} must be >= 1" for name, value in (("rounds", args.rounds),) if value < 1]
     bad += [f"--{name} must be >= 0" for name, value in (("batch", args.batch), ("steps", args.steps),
-                                                         ("threads", args.threads), ("bucket-mb", args.bucket_mb))
-            if value < 0]
+                                                         ("warmup", args.warmup or 0), ("threads", args.threads),
+                                                         ("bucket-mb", args.bucket_mb)) if value < 0]
     if bad:
-        if rank == 0:
-            print(f"{parser.prog}: error: {'; '.join(bad)}", file=sys.stderr)
-        return 2
+        parser.error("; ".join(bad))   # rank 0 says it, every rank exits with status 2
+    comm = MPI.COMM_WORLD
+    rank, ranks = comm.Get_rank(), comm.Get_size()
     hvd.init()
     threads = args.threads or max(1, (os.cpu_count() or 1) // hvd.local_size())
     torch.set_num_threads(threads)
