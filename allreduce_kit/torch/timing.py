@@ -29,8 +29,6 @@ from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional, TextIO
 
 import numpy as np
-from mpi4py import MPI
-
 from ..train.report import headline, straggler_table
 from ..train.timing import StepTimer, analyse
 from . import mpi_ops
@@ -51,7 +49,9 @@ class Timing:
             raise ValueError(f"Timing: every must be an int >= 1, got {every!r}")
         s = mpi_ops.state()
         self.layout = s.layout
-        self.comm = s.comm.Dup()
+        # The gathers run on ``init``'s Dup, which no other call sends on (those run on the
+        # library's clone of it): no communicator per Timing, however many are made.
+        self.comm = s.dup
         self.phases = StepTimer(self.comm, every)    # compute, exposed allreduce, update
         self.overlap = StepTimer(self.comm, every)   # the reductions in all, the part hidden, 0
         self.steps = 0
@@ -119,11 +119,6 @@ class Timing:
                 with open(json_path, "w", encoding="utf-8") as out:
                     json.dump(result, out, indent=2)
         return result
-
-    def close(self) -> None:
-        """Free the communicator (collective); ``report`` no longer works afterwards."""
-        if not MPI.Is_finalized():
-            self.comm.Free()
 
 
 def _overlap(records: np.ndarray) -> Dict[str, Any]:
