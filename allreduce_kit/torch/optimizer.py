@@ -106,6 +106,13 @@ def _on_gradient(ref: "weakref.ref", index: int, param: torch.Tensor) -> None:
         optimizer._gradient_ready(index)
 
 
+def _before_gradient(ref: "weakref.ref", index: int, grad: torch.Tensor) -> None:
+    """The hook on parameter ``index`` that runs before its gradient is accumulated."""
+    optimizer = ref()
+    if optimizer is not None:
+        optimizer._gradient_coming(index)
+
+
 class _DistributedOptimizer:
     """Mixed into the wrapped optimizer's class by ``DistributedOptimizer``."""
 
@@ -147,6 +154,7 @@ class _DistributedOptimizer:
         if s.size > 1:
             ref = weakref.ref(self)
             for index, p in enumerate(self._params):
+                self._hooks.append(p.register_hook(functools.partial(_before_gradient, ref, index)))
                 self._hooks.append(p.register_post_accumulate_grad_hook(functools.partial(_on_gradient, ref, index)))
             if self._background:
                 s.worker()  # start the thread now, not in the first backward
@@ -160,13 +168,18 @@ class _DistributedOptimizer:
         self._waited = 0.0
 
     # -- the hooks, during backward -------------------------------------------------------------
-    def _gradient_ready(self, index: int) -> None:
+    def _gradient_coming(self, index: int) -> None:
+        """Before a gradient is added to ``.grad``: refuse one pass too many, leaving ``.grad``
+        (which the worker may be reading) untouched."""
         passes = self._passes[index] + 1
         if passes > self._backward_passes:
             raise RuntimeError(
                 f"DistributedOptimizer: the gradient of {self._names[index]!r} was computed {passes} times before "
                 f"step(), but backward_passes_per_step is {self._backward_passes}: call step() (or synchronize()) "
                 f"after every {self._backward_passes} backward passes, or raise backward_passes_per_step")
+
+    def _gradient_ready(self, index: int) -> None:
+        passes = self._passes[index] + 1
         self._passes[index] = passes
         self._synchronized = False
         if passes == self._backward_passes:
