@@ -5,6 +5,7 @@ make every rank's input from its seed); ``DistributedOptimizer`` on p ranks with
 against one process with batch p*b; replicas bitwise identical; bad input raising on every
 rank without a hang.
 """
+import copy
 import hashlib
 import json
 import os
@@ -568,13 +569,19 @@ def test_too_many_backward_passes_and_zero_grad_too_early_are_refused():
     net.bn.eval()
     opt = hvd.DistributedOptimizer(sgd(net), named_parameters=net.named_parameters(), bucket_mb=0.0005, overlap=True)
     x = data_of(0, (4, 20), torch.float32)
+    alone = copy.deepcopy(net)
+    alone(x).sum().backward()        # every rank's gradient: the same input on every rank
     net(x).sum().backward()
     if P > 1:
         with pytest.raises(RuntimeError, match="zero_grad\\(\\) was called after backward\\(\\) and before step"):
             opt.zero_grad()
         with pytest.raises(RuntimeError, match="computed 2 times before step\\(\\), but backward_passes_per_step is 1"):
             net(x).sum().backward()
-    opt.step()                       # what was in flight finishes; the refused pass added nothing
+    opt.synchronize()                # what was in flight finishes; the refused pass added nothing
+    for name, p in net.named_parameters():
+        torch.testing.assert_close(p.grad, dict(alone.named_parameters())[name].grad, msg=lambda m: f"{name}: {m}")
+    with opt.skip_synchronize():
+        opt.step()
     for _ in range(2):
         opt.zero_grad()
         net(x).sum().backward()
