@@ -17,7 +17,9 @@ setup(
         "tqdm",
     ],
     extras_require={
-        "test": ["pytest>=7", "pytest-mpi>=0.6", "hypothesis", "matplotlib"],
+        # torch pinned: this version installs as a CPU build; others pull several GB of CUDA libraries
+        "test": ["pytest>=7", "pytest-mpi>=0.6", "hypothesis", "matplotlib", "torch==2.13.0"],
         "plot": ["matplotlib"],
+        "torch": ["torch==2.13.0"],  # allreduce_kit.torch (docs/pytorch.md)
     },
 )

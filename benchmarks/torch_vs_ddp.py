@@ -1,0 +1,224 @@
+"""PyTorch data-parallel step time: allreduce_kit.torch beside DDP over Gloo, in one run.
+
+Four versions of the same training step run in turn, in the same processes, on the same
+model, batch and ranks:
+
+- ``floor``: forward, backward and SGD update with no communication at all, the least any
+  data-parallel implementation can take;
+- ``allreduce_kit``: ``allreduce_kit.torch.DistributedOptimizer`` with its defaults (gradients
+  reduced during backward only where a node has a core to spare, else in ``step()``);
+- ``allreduce_kit+overlap``: the same with ``overlap=True``: buckets of ``--bucket-mb`` reduced
+  on the background thread while backward runs;
+- ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` over the Gloo backend, its defaults.
+
+Each round runs every version for ``--warmup`` untimed and ``--steps`` timed steps, in an order
+that rotates between rounds. A step's time is the mean over ranks of each rank's wall time for
+that step; the table gives the median over all timed steps of all rounds, the overhead (step
+minus floor), the ratios to DDP's, and for allreduce_kit the share of its reduction time
+hidden behind backward (``DistributedOptimizer.report``). Models: ``mlp`` (64-256-10, batch 128
+per rank) and ``10m`` (1024-2048-2048-2048-10, 10.5 M parameters, batch 32 per rank).
+
+Each model's table ends with the target it is held to: the MLP's step at most 0.4x DDP's at 2
+ranks and 0.3x at more; the 10 M model's overhead at most 0.3x DDP's.
+
+Run (one node; both models by default; ``--json`` keeps the figures):
+
+    for p in 2 4 8; do mpirun -n $p python -m allreduce_kit.run benchmarks/torch_vs_ddp.py --json torch-p$p.json; done
+"""
+import datetime
+import json
+import os
+import socket
+import sys
+import time
+from typing import Callable, Dict, List
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from mpi4py import MPI
+
+import allreduce_kit.torch as hvd
+from allreduce_kit.cli import RankZeroParser
+
+MODELS = {
+    "mlp": {"layers": (64, 256, 10), "batch": 128, "steps": 200, "warmup": 20},
+    "10m": {"layers": (1024, 2048, 2048, 2048, 10), "batch": 32, "steps": 20, "warmup": 3},
+}
+VERSIONS = ("floor", "allreduce_kit", "allreduce_kit+overlap", "ddp")
+OURS = ("allreduce_kit", "allreduce_kit+overlap")
+
+
+def target(model: str, ranks: int) -> Dict:
+    """What allreduce_kit's default version should reach against DDP on this model and rank
+    count: the MLP's step at most 0.4x DDP's at 2 ranks and 0.3x beyond; the 10 M model's
+    communication overhead (step minus floor) at most 0.3x DDP's."""
+    if model == "mlp":
+        return {"field": "step_ratio_to_ddp", "at_most": 0.4 if ranks <= 2 else 0.3}
+    return {"field": "overhead_ratio_to_ddp", "at_most": 0.3}
+
+
+def mlp(layers) -> nn.Sequential:
+    parts: List[nn.Module] = []
+    for i, (a, b) in enumerate(zip(layers[:-1], layers[1:])):
+        parts.append(nn.Linear(a, b))
+        if i < len(layers) - 2:
+            parts.append(nn.ReLU())
+    return nn.Sequential(*parts)
+
+
+def start_gloo(comm: MPI.Intracomm, address: str) -> None:
+    """A Gloo process group over the same ranks, rendezvous at rank 0 (port chosen there)."""
+    port = None
+    if comm.Get_rank() == 0:
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+    port = comm.bcast(port, root=0)
+    dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=comm.Get_rank(),
+                            world_size=comm.Get_size(), timeout=datetime.timedelta(seconds=120))
+
+
+def step_function(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> Callable:
+    def step() -> None:
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    return step
+
+
+def timed(comm: MPI.Intracomm, step: Callable[[], None], warmup: int, steps: int) -> np.ndarray:
+    """Per timed step, the mean over ranks of each rank's wall time (seconds)."""
+    for _ in range(warmup):
+        step()
+    comm.Barrier()
+    times = np.empty(steps)
+    for i in range(steps):
+        start = time.perf_counter()
+        step()
+        times[i] = time.perf_counter() - start
+    total = np.empty_like(times)
+    comm.Allreduce(times, total, op=MPI.SUM)
+    return total / comm.Get_size()
+
+
+def run_model(name: str, args, comm: MPI.Intracomm) -> Dict:
+    spec = MODELS[name]
+    batch = args.batch or spec["batch"]
+    steps, warmup = args.steps or spec["steps"], args.warmup if args.warmup is not None else spec["warmup"]
+    rank = comm.Get_rank()
+    generator = torch.Generator().manual_seed(rank)
+    x = torch.randn(batch, spec["layers"][0], generator=generator)
+    y = torch.randint(0, spec["layers"][-1], (batch,), generator=generator)
+    torch.manual_seed(0)                                  # the same initial model in every version
+    reference = mlp(spec["layers"])
+    models = {v: mlp(spec["layers"]) for v in VERSIONS}
+    for model in models.values():
+        model.load_state_dict(reference.state_dict())
+    sgd = lambda m: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+    ours = {
+        "allreduce_kit": hvd.DistributedOptimizer(sgd(models["allreduce_kit"]),
+                                                  named_parameters=models["allreduce_kit"].named_parameters()),
+        "allreduce_kit+overlap": hvd.DistributedOptimizer(
+            sgd(models["allreduce_kit+overlap"]), named_parameters=models["allreduce_kit+overlap"].named_parameters(),
+            bucket_mb=args.bucket_mb, overlap=True),
+    }
+    ddp = nn.parallel.DistributedDataParallel(models["ddp"])
+    steps_of = {"floor": step_function(models["floor"], sgd(models["floor"]), x, y),
+                "ddp": step_function(ddp, sgd(ddp), x, y)}
+    steps_of.update({v: step_function(models[v], ours[v], x, y) for v in OURS})
+    samples: Dict[str, List[np.ndarray]] = {v: [] for v in VERSIONS}
+    for r in range(args.rounds):
+        order = VERSIONS[r % len(VERSIONS):] + VERSIONS[:r % len(VERSIONS)]
+        for version in order:
+            samples[version].append(timed(comm, steps_of[version], warmup, steps))
+    median = {v: float(np.median(np.concatenate(samples[v]))) * 1e3 for v in VERSIONS}
+    versions = {}
+    for v in VERSIONS:
+        row = {"step_ms_p50": median[v], "overhead_ms_p50": median[v] - median["floor"]}
+        if v != "floor":
+            row["step_ratio_to_ddp"] = median[v] / median["ddp"]
+            ddp_over = median["ddp"] - median["floor"]
+            row["overhead_ratio_to_ddp"] = row["overhead_ms_p50"] / ddp_over if ddp_over > 0 else float("nan")
+        if v in ours:
+            report = ours[v].report(file=None)
+            row.update({"hidden_share_p50": report["overlap"]["hidden_share_p50"],
+                        "reduction_ms_p50": report["overlap"]["reduction_ms_p50"],
+                        "buckets": report["buckets"], "bucket_mb": report["bucket_mb"],
+                        "background": report["background"], "background_reason": report["background_reason"]})
+        versions[v] = row
+    goal = target(name, comm.Get_size())
+    goal["met"] = bool(versions["allreduce_kit"][goal["field"]] <= goal["at_most"])
+    return {
+        "model": name, "layers": list(spec["layers"]), "target": goal,
+        "parameters": sum(p.numel() for p in reference.parameters()),
+        "batch_per_rank": batch, "steps": steps, "warmup": warmup, "rounds": args.rounds,
+        "versions": versions,
+    }
+
+
+def lines(result: Dict, ranks: int) -> List[str]:
+    out = [f"{result['model']} ({result['parameters']:,d} parameters), batch {result['batch_per_rank']} per rank, "
+           f"{ranks} ranks; median of {result['rounds']} x {result['steps']} steps:"]
+    for v, row in result["versions"].items():
+        text = f"  {v:<22} step {row['step_ms_p50']:9.3f} ms"
+        if v != "floor":
+            text += (f"  overhead {row['overhead_ms_p50']:9.3f} ms  step/ddp {row['step_ratio_to_ddp']:5.2f}x"
+                     f"  overhead/ddp {row['overhead_ratio_to_ddp']:5.2f}x")
+        if "hidden_share_p50" in row:
+            text += (f"  hidden {100 * row['hidden_share_p50']:3.0f}% of {row['reduction_ms_p50']:.2f} ms"
+                     f"  ({row['buckets']} bucket{'s' if row['buckets'] != 1 else ''}, "
+                     f"{'during backward' if row['background'] else 'in step()'})")
+        out.append(text)
+    goal = result["target"]
+    what = "step/ddp" if goal["field"] == "step_ratio_to_ddp" else "overhead/ddp"
+    out.append(f"  target: allreduce_kit {what} <= {goal['at_most']:.1f}x: {'met' if goal['met'] else 'NOT met'}")
+    return out
+
+
+def main() -> int:
+    parser = RankZeroParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=[*MODELS, "both"], default="both")
+    parser.add_argument("--batch", type=int, default=0, help="samples per rank per step (default: the model's)")
+    parser.add_argument("--steps", type=int, default=0, help="timed steps per version per round (default: the model's)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps before each timed block")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--bucket-mb", type=float, default=hvd.BUCKET_MB,
+                        help="bucket size of allreduce_kit+overlap (MB of 10^6 bytes)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads per rank (default: this rank's share of its node's cores)")
+    parser.add_argument("--address", default="",
+                        help="Gloo's rendezvous address (default: rank 0's host name)")
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args()
+    bad = [f"--{name} must be >= 1" for name, value in (("rounds", args.rounds),) if value < 1]
+    bad += [f"--{name} must be >= 0" for name, value in (("batch", args.batch), ("steps", args.steps),
+                                                         ("warmup", args.warmup or 0), ("threads", args.threads),
+                                                         ("bucket-mb", args.bucket_mb)) if value < 0]
+    if bad:
+        parser.error("; ".join(bad))   # rank 0 says it, every rank exits with status 2
+    comm = MPI.COMM_WORLD
+    rank, ranks = comm.Get_rank(), comm.Get_size()
+    hvd.init()
+    threads = args.threads or max(1, (os.cpu_count() or 1) // hvd.local_size())
+    torch.set_num_threads(threads)
+    address = args.address or comm.bcast(socket.gethostname() if rank == 0 else None, root=0)
+    start_gloo(comm, address)
+    results = [run_model(name, args, comm) for name in (MODELS if args.model == "both" else [args.model])]
+    if rank == 0:
+        print(f"{ranks} ranks, {threads} torch thread(s) each, MPI thread level "
+              f"{'multiple' if hvd.mpi_threads_supported() else 'below multiple'}")
+        for result in results:
+            print("\n".join(lines(result, ranks)))
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as out:
+                json.dump({"ranks": ranks, "threads": threads, "results": results}, out, indent=2)
+            print(f"wrote {args.json}")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
