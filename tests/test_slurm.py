@@ -163,7 +163,7 @@ def check_training(job: Job, launcher: str, hosts: int = 1, cpus: int = 1) -> No
     out = job.slurm_out
     assert f"{job.tasks} tasks, {cpus} CPU(s) per task; launcher: {launcher}" in out, out
     # --cpus-per-task reaches every rank as its thread count (OMP_NUM_THREADS, NUMBA_NUM_THREADS)
-    assert f"{cpus} thread(s) per rank" in out, out
+    assert f"{cpus} thread{'' if cpus == 1 else 's'} per rank" in out, out
     assert re.search(r"test accuracy [\d.]+% after \d+ steps", out), out          # the training summary
     assert f"replicas bitwise identical on all {job.tasks} ranks: yes" in out, out
     assert "straggler report over" in out, out                                      # the straggler report
