@@ -4,10 +4,7 @@ and scheduler slices per call, under MPICH and Open MPI in turn.
     python benchmarks/small_messages.py --ranks 8 --bytes 4 1024 --repeats 3
 
 For each repeat, starts ``--ranks`` ranks under the venv's MPICH (``mpiexec``, heavy yield as
-the CLIs set it) and then under Open MPI (``benchmarks/openmpi_env.py``, ``--oversubscribe``),
-each with each way of waiting in ``--waits``: ``sleep`` (the library's: when ranks share cores,
-a waiting rank yields a few times, then sleeps on the flag until woken; ``algorithms/spin.py``)
-and ``yield`` (it only yields, on every turn of its spin).
+the CLIs set it) and then under Open MPI (``benchmarks/openmpi_env.py``, ``--oversubscribe``).
 Each rank times ``--calls`` back-to-back calls of every way (``auto``: ``allreduce()``;
 ``plan``: ``allreduce_kit.plan``; ``mpi``: mpi4py's ``Allreduce``) on a float32 buffer of each
 size, after a barrier, and reads from Linux, for the calling thread, before and after:
@@ -43,8 +40,6 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="runs under each MPI, alternating (default 3)")
     parser.add_argument("--mpi", nargs="+", choices=("mpich", "openmpi"), default=["mpich", "openmpi"],
                         help="which MPIs to run under (default both)")
-    parser.add_argument("--waits", nargs="+", choices=("sleep", "yield"), default=["sleep", "yield"],
-                        help="how waiting ranks wait when ranks share cores (default both, in turn)")
     parser.add_argument("--json", type=Path, help="also write every sample to this file")
     parser.add_argument("--worker", type=Path, help="run as one rank of the job, writing to this file (the "
                                                      "launcher passes it)")
@@ -73,10 +68,6 @@ def work(args: argparse.Namespace) -> None:
 
     from allreduce_kit import allreduce, plan
 
-    if args.waits == ["yield"]:  # before any window is made: no futex, so waits yield on every turn
-        from allreduce_kit.algorithms import spin
-
-        spin._FUTEX_NUMBERS.clear()
     comm = MPI.COMM_WORLD.Dup()
     results = {}
     for nbytes in args.bytes:
@@ -104,9 +95,8 @@ def work(args: argparse.Namespace) -> None:
         args.worker.write_text(json.dumps({"mpi": library, "results": results}))
 
 
-def launch(args: argparse.Namespace, mpi: str, waits: str, out: Path) -> str:
-    worker = [str(HERE), "--worker", str(out), "--calls", str(args.calls), "--waits", waits,
-              "--bytes", *map(str, args.bytes)]
+def launch(args: argparse.Namespace, mpi: str, out: Path) -> str:
+    worker = [str(HERE), "--worker", str(out), "--calls", str(args.calls), "--bytes", *map(str, args.bytes)]
     if mpi == "openmpi":
         sys.path.insert(0, str(HERE.parent))
         import openmpi_env
@@ -126,26 +116,23 @@ def main() -> int:
     if args.worker:
         work(args)
         return 0
-    runs = [f"{mpi} {waits}" for mpi in args.mpi for waits in args.waits]
-    samples = {run: [] for run in runs}
+    samples = {mpi: [] for mpi in args.mpi}
     names = {}
     with tempfile.TemporaryDirectory() as folder:
         for repeat in range(args.repeats):
-            for run in runs:
-                mpi, waits = run.split()
-                out = Path(folder) / f"{mpi}-{waits}-{repeat}.json"
-                print("$ " + launch(args, mpi, waits, out), flush=True)
+            for mpi in args.mpi:
+                out = Path(folder) / f"{mpi}-{repeat}.json"
+                print("$ " + launch(args, mpi, out), flush=True)
                 found = json.loads(out.read_text())
                 names[mpi] = found["mpi"]
-                samples[run].append(found["results"])
-    for run in runs:
-        mpi, waits = run.split()
-        print(f"\n{names[mpi]}, {args.ranks} ranks, waits: {waits}; per call, median of {args.repeats} runs; wall: "
-              f"slowest rank, the rest: mean over ranks")
+                samples[mpi].append(found["results"])
+    for mpi in args.mpi:
+        print(f"\n{names[mpi]}, {args.ranks} ranks: per call, median of {args.repeats} runs; wall: slowest rank, "
+              f"the rest: mean over ranks")
         print(f"  {'way':6s} {'bytes':>6s} " + " ".join(f"{f:>11s}" for f in FIELDS))
-        for key in samples[run][0]:
+        for key in samples[mpi][0]:
             way, nbytes = key.split()
-            cells = [statistics.median(one[key][i] for one in samples[run]) for i in range(len(FIELDS))]
+            cells = [statistics.median(run[key][i] for run in samples[mpi]) for i in range(len(FIELDS))]
             print(f"  {way:6s} {nbytes:>6s} " + " ".join(f"{c:11.2f}" for c in cells))
     if args.json:
         args.json.write_text(json.dumps({"ranks": args.ranks, "calls": args.calls, "samples": samples,

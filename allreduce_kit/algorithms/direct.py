@@ -30,7 +30,7 @@ seccomp filters and Yama ptrace restrictions fail here, and then the algorithms 
 messages; ``ALLREDUCE_KIT_DIRECT=0`` makes them keep to messages anyway.
 
 State passed to the compiled helpers (``Peers.state``): this rank, the rank count, the window's
-address, the ``spin.Waiter``'s address (0: spin), ``process_vm_readv``'s address,
+address, ``sched_yield``'s address (0: spin without yielding), ``process_vm_readv``'s address,
 the number of the current call (advanced by ``begin``), and ``process_vm_writev``'s address.
 Window layout, per rank: a cache line holding its counter, then one holding its pid, its
 buffer's address and its ``signature.word``.
@@ -57,7 +57,7 @@ from numba.extending import intrinsic
 from .. import config
 from ..kernels import reduce as _loops
 from .signature import mismatch, word
-from .spin import NodeWindow, load_acquire, node_of, publish, store_release, wait_until
+from .spin import NodeWindow, load_acquire, node_of, store_release, wait_until
 
 #: Set to ``0`` to keep ``ring``, ``rabenseifner`` and ``two_shot`` to messages even where direct reads work.
 ENV = config.DIRECT.name
@@ -104,7 +104,7 @@ def begin(state, buf, algorithm):
     mine = word(buf, algorithm)
     store_release(base + _LINE * (2 * rank + 1) + 8, buf.ctypes.data)
     store_release(base + _LINE * (2 * rank + 1) + 16, mine)
-    publish(base + _LINE * 2 * rank, first, state[3])
+    store_release(base + _LINE * 2 * rank, first)
     same = True
     for k in range(1, size):
         peer = (rank + k) % size
@@ -116,7 +116,7 @@ def begin(state, buf, algorithm):
 @njit(cache=True, nogil=True)
 def finish(state, step):
     """Tell the others this rank has finished ``step`` (a counter value of the current call)."""
-    publish(state[2] + _LINE * 2 * state[0], step, state[3])
+    store_release(state[2] + _LINE * 2 * state[0], step)
 
 
 @njit(cache=True, nogil=True)
@@ -190,7 +190,7 @@ class Peers(NodeWindow):
         words = self.memory.view(np.int64)
         words[2 * rank * _LINE // 8] = 0
         words[(2 * rank + 1) * _LINE // 8] = os.getpid()
-        self.state = np.array([rank, size, self.memory.ctypes.data, self.waiter, readv, 0, writev], np.int64)
+        self.state = np.array([rank, size, self.memory.ctypes.data, self.yield_fn, readv, 0, writev], np.int64)
         self.iov = np.zeros(4, np.int64)
         self._piece = np.empty(PIECE_BYTES, np.uint8)
         self._pieces: Dict[np.dtype, np.ndarray] = {}

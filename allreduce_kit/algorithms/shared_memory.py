@@ -15,10 +15,9 @@ after it has read everything of round g, so no rank can overwrite a slot (at rou
 another rank is still reading.
 
 Waiting is a spin on the flags, which is right when every rank has a core of its own; when
-ranks share cores (``LibraryComm.oversubscribed``), a waiting rank yields a few times and then
-sleeps on the flag until the rank that raises it wakes it (``spin.py``), so that the core goes
-to a rank that has work to do, which is where this beats MPI's messages most on the 2-core
-development machine (docs/performance.md). A communicator that spans nodes, or
+ranks share cores (``LibraryComm.oversubscribed``), each turn of the spin yields the core
+(``sched_yield``) to a rank that has work to do, which is where this beats MPI's messages most
+on the 2-core development machine (docs/performance.md). A communicator that spans nodes, or
 an op without a numba kernel (the bench's ``--kernel numpy``), takes ``recursive_doubling``
 (small buffers) or ``rabenseifner`` instead. The window (``2 p SLOT_BYTES`` bytes and two
 cache lines of flags per rank) is made on the first call on a communicator and freed with it.
@@ -35,7 +34,7 @@ from numba import njit
 
 from . import ALGORITHMS, register
 from .signature import mismatch, word
-from .spin import NodeWindow, load_acquire, node_of, publish, store_release, wait_until
+from .spin import NodeWindow, load_acquire, node_of, store_release, wait_until
 from ..kernels import reduce as _loops
 
 #: Bytes in one rank's slot, per set; larger buffers go in rounds of this size. Read when a
@@ -55,10 +54,10 @@ TAG = 107
 
 
 @njit(cache=True, nogil=True)
-def _wait_all(flags, line, size, gen, waiter):
+def _wait_all(flags, line, size, gen, yield_fn):
     """Until every rank's flag number ``line`` (0 or 1) has reached ``gen``."""
     for k in range(size):
-        wait_until(flags + _LINE * (2 * k + line), gen, waiter)
+        wait_until(flags + _LINE * (2 * k + line), gen, yield_fn)
 
 
 @njit(cache=True, nogil=True)
@@ -67,7 +66,7 @@ def _allreduce(buf, slots, state, code, divisor):
     ``divisor``: divide the result by it unless 0); 0, or -1 if the ranks' buffers differ.
 
     ``slots``: the window's slot area viewed as ``buf``'s dtype; ``state``: this rank, the rank
-    count, the flags' address, the ``spin.Waiter``'s address (0: spin), the
+    count, the flags' address, ``sched_yield``'s address (0: spin without yielding), the
     number of the last round (advanced here), ``SCATTER_FROM`` and ``SLOT_BYTES``.
 
     The first round of a call also publishes ``signature.word`` beside the rank's first flag,
@@ -75,7 +74,7 @@ def _allreduce(buf, slots, state, code, divisor):
     differs, every rank returns -1 there, at the same round (the caller raises, collectively).
     A word is rewritten only two rounds later, as a slot is, so the words read are this call's.
     """
-    rank, size, flags, waiter = state[0], state[1], state[2], state[3]
+    rank, size, flags, yield_fn = state[0], state[1], state[2], state[3]
     gen = state[4]
     scatter_from = state[5]
     per_slot = state[6] // buf.itemsize
@@ -90,8 +89,8 @@ def _allreduce(buf, slots, state, code, divisor):
         _loops.copy(slots[base + rank * per_slot:base + rank * per_slot + m], buf[start:stop])
         if start == 0:
             store_release(flags + _LINE * 2 * rank + 8 + 8 * (gen & 1), signed)
-        publish(flags + _LINE * 2 * rank, gen, waiter)
-        _wait_all(flags, 0, size, gen, waiter)
+        store_release(flags + _LINE * 2 * rank, gen)
+        _wait_all(flags, 0, size, gen, yield_fn)
         if start == 0:
             same = True
             for k in range(size):
@@ -106,8 +105,8 @@ def _allreduce(buf, slots, state, code, divisor):
                 _loops.combine(mine, slots[base + k * per_slot + a:base + k * per_slot + b], code)
             if divisor != 0:
                 _loops.divide(mine, divisor)
-            publish(flags + _LINE * (2 * rank + 1), gen, waiter)
-            _wait_all(flags, 1, size, gen, waiter)
+            store_release(flags + _LINE * (2 * rank + 1), gen)
+            _wait_all(flags, 1, size, gen, yield_fn)
             _loops.copy(buf[start:stop], slots[base:base + m])
         else:
             piece = buf[start:stop]
@@ -133,7 +132,7 @@ class Window(NodeWindow):
         flags[2 * rank * _LINE // 8] = flags[(2 * rank + 1) * _LINE // 8] = 0
         self._area = self.memory[flag_bytes:]
         self._views: Dict[np.dtype, np.ndarray] = {}
-        self.state = np.array([rank, size, flags.ctypes.data, self.waiter, 0, SCATTER_FROM, SLOT_BYTES], np.int64)
+        self.state = np.array([rank, size, flags.ctypes.data, self.yield_fn, 0, SCATTER_FROM, SLOT_BYTES], np.int64)
         node.Barrier()  # every flag is 0 before any rank raises one
 
     def slots(self, dtype: np.dtype) -> np.ndarray:
