@@ -362,6 +362,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         say(f"replicas bitwise identical on {'the 1 rank' if ranks == 1 else f'all {ranks} ranks'}: "
             f"{'yes' if result['replicas_identical'] else 'NO'}"
             f" (parameters blake2b {result['params_digest']})")
+        if result["bucket_algorithms"] != trainer.bucket_algorithms:
+            say(f"algorithm {_algorithm_note(config.algorithm, result['bucket_algorithms'])} once it had tuned online "
+                f"(ALLREDUCE_KIT_ONLINE_TUNING; docs/auto.md)")
         if result["skipped_steps"]:
             say(f"skipped the update of {len(result['skipped_steps'])} step(s) with a non-finite averaged gradient "
                 f"(--on-nonfinite skip): {result['skipped_steps'][:20]}")

@@ -156,7 +156,8 @@ class Trainer:
                        algorithm=config.algorithm)
         self.optimizer.warm_up()
         self.comm.Barrier()
-        #: The algorithm each bucket's allreduce runs: ``auto``'s choice by size (for the report).
+        #: The algorithm each bucket's allreduce runs first: ``auto``'s choice by size (for the report;
+        #: online tuning may settle on another, which ``results`` reports).
         self.bucket_algorithms = self._algorithms_ran()
         self.traffic = [0, 0]                            # the model's allreduce calls and bytes, this rank
         self.strategy = modes.strategy_for(self)         # backup workers or local SGD; None: plain sync
@@ -291,7 +292,7 @@ class Trainer:
             "parameters": self.model.size,
             "model": self.model.describe(),
             "buckets": self.buckets,
-            "bucket_algorithms": self.bucket_algorithms,
+            "bucket_algorithms": self._algorithms_ran(),  # at the end: what auto settled on, if it tuned online
             "steps": self.step,
             "updates_applied": self.step - len(self.skipped_steps),
             "epochs": self.history,
