@@ -180,18 +180,20 @@ def lines(result: Dict, ranks: int) -> List[str]:
 
 def main() -> int:
     parser = RankZeroParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", choices=[*MODELS, "both"], default="both")
+    parser.add_argument("--model", choices=[*MODELS, "both"], default="both",
+                        help="the MLP 64-256-10, the 10.5 M parameter MLP, or both in turn (default: both)")
     parser.add_argument("--batch", type=int, default=0, help="samples per rank per step (default: the model's)")
     parser.add_argument("--steps", type=int, default=0, help="timed steps per version per round (default: the model's)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps before each timed block")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of every version in turn; each figure is the median over them (default: 3)")
     parser.add_argument("--bucket-mb", type=float, default=hvd.BUCKET_MB,
                         help="bucket size of allreduce_kit+overlap (MB of 10^6 bytes)")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads per rank (default: this rank's share of its node's cores)")
     parser.add_argument("--address", default="",
                         help="Gloo's rendezvous address (default: rank 0's host name)")
-    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--json", metavar="PATH", help="also write every figure and the targets as JSON to PATH")
     args = parser.parse_args()
     bad = [f"--{name} must be >= 1" for name, value in (("rounds", args.rounds),) if value < 1]
     bad += [f"--{name} must be >= 0" for name, value in (("batch", args.batch), ("steps", args.steps),

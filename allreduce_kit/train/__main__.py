@@ -336,6 +336,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             bar = None
         say(line)
 
+    elastic.ignore_exit_notices()                      # under the supervisor: mpiexec's notices of ranks ending
     if config.checkpoint_dir and trainer.strategy is None:   # SIGTERM/SIGUSR1: save at the next step boundary, exit 75
         trainer.stop = StopSignals(trainer.comm)
     try:

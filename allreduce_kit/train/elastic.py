@@ -74,6 +74,16 @@ class Loss:
 
 
 # -- the ranks' side --------------------------------------------------------------------------------
+def ignore_exit_notices() -> None:
+    """Under the supervisor, before any handler of the stop signals is installed: ignore SIGUSR1
+    for the rest of the process. MPICH's ``mpiexec -disable-auto-cleanup`` sends it to the ranks
+    still running when one rank ends, also when that rank simply finished first; by default it
+    would kill a rank that is still writing its results. A stop asked for by SIGUSR1 during
+    training still works (``signals.StopSignals`` installs its own handler, and gives this back)."""
+    if config.read(config.ELASTIC_DIR):
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
 def report_in(trainer) -> Optional[callable]:
     """Under the supervisor: write this rank's pid and host, and return rank 0's per-step hook
     (writes the step finished); None when not supervised or not rank 0."""
@@ -209,6 +219,13 @@ class Job:
             elif dead:                         # seen too late to tell which went first
                 self.first_dead = (None, time.monotonic(), step)
             time.sleep(0.01)
+        if first is None and self.first_dead is None and loss is not None:
+            step = _progress(report)          # a job that ended between two looks may have made its first step
+            if step is not None and step > start:
+                first = step
+                loss.recovery_seconds = time.monotonic() - loss.died_at
+                _say(f"recovered: first step on {loss.ranks_after} ranks {loss.recovery_seconds:.1f} s after "
+                     f"the death")
         return first
 
     def wait(self) -> int:
