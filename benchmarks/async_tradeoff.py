@@ -18,32 +18,22 @@ Prints the figures and whether each target holds; exit status 1 if one does not.
 ``mpiexec`` and Python of the current environment.
 """
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-BIN = Path(sys.executable).parent
-MPIEXEC = str(BIN / "mpiexec") if (BIN / "mpiexec").exists() else "mpiexec"
-TRAIN = [sys.executable, "-m", "allreduce_kit.train", "--progress", "lines", "--hidden", "32"]
+from training_runs import check, train
+
+TRAIN_ARGS = ["--hidden", "32"]
 MODES = ("sync", "async-ps")
 
 
 def run(ranks: int, epochs: int, extra, workdir: str) -> dict:
     """One training run's ``--json`` report."""
-    out = Path(workdir) / "run.json"
-    command = [MPIEXEC, "-n", str(ranks), *TRAIN, "--epochs", str(epochs), *extra, "--json", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=workdir)
-    if done.returncode:
-        sys.exit(f"failed ({done.returncode}): {' '.join(command)}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return json.loads(out.read_text())
-
-
-def check(label: str, holds: bool, failures: list) -> None:
-    print(f"  {'holds' if holds else 'FAILS'}: {label}")
-    if not holds:
-        failures.append(label)
+    report = train(ranks, [*TRAIN_ARGS, "--epochs", epochs, *extra], Path(workdir) / "run.json", 900, cwd=workdir)
+    if report is None:
+        sys.exit(1)
+    return report
 
 
 def main() -> int:

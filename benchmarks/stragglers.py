@@ -29,16 +29,14 @@ whose gradient is in). Exit status 1 if a target does not hold. Runs use the ``m
 Python of the current environment. A loaded machine moves the figures: measure on a quiet one.
 """
 import argparse
-import json
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-BIN = Path(sys.executable).parent
-MPIEXEC = str(BIN / "mpiexec") if (BIN / "mpiexec").exists() else "mpiexec"
-TRAIN = [sys.executable, "-m", "allreduce_kit.train", "--progress", "lines"]
+from training_runs import check, train
+
 
 
 def configs(straggler: str, jitter: float) -> List[tuple]:
@@ -65,13 +63,8 @@ def spread(values: List[float], digits: int = 2) -> str:
     return f"{f(statistics.median(values))} [{f(min(values))} - {f(max(values))}]"
 
 
-def train(ranks: int, epochs: int, extra: List[str], path: Path) -> Optional[dict]:
-    command = [MPIEXEC, "-n", str(ranks), *TRAIN, "--epochs", str(epochs), *extra, "--json", str(path)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
-    if done.returncode != 0:
-        print(f"FAILED ({done.returncode}): {' '.join(command)}\n{done.stderr[-2000:]}", file=sys.stderr)
-        return None
-    return json.loads(path.read_text())
+def train_run(ranks: int, epochs: int, extra: List[str], path: Path) -> Optional[dict]:
+    return train(ranks, ["--epochs", epochs, *extra], path, 1800)
 
 
 def step_ms(run: dict) -> Optional[float]:
@@ -85,12 +78,6 @@ def dropped(run: dict, rank: int) -> Optional[float]:
 
 def calls(run: dict) -> Optional[float]:
     return (run.get("communication") or {}).get("calls_per_sample")
-
-
-def check(label: str, holds: bool, failures: list) -> None:
-    print(f"  {'holds' if holds else 'FAILS'}: {label}")
-    if not holds:
-        failures.append(label)
 
 
 def main() -> int:
@@ -120,12 +107,12 @@ def main() -> int:
     runs: Dict[tuple, List[dict]] = {(p, name): [] for p in args.ranks for name, _ in table}
     digests = {}
     for p in args.ranks:
-        same = train(p, args.epochs, ["--backup-workers", "0", "--local-sgd", "1"], out / f"p{p}-equivalence.json")
+        same = train_run(p, args.epochs, ["--backup-workers", "0", "--local-sgd", "1"], out / f"p{p}-equivalence.json")
         digests[p] = same["params_digest"] if same else None
     for r in range(args.repeat):
         for p in args.ranks:
             for name, extra in table:
-                run = train(p, args.epochs, extra, out / f"p{p}-{slug(name)}-{r}.json")
+                run = train_run(p, args.epochs, extra, out / f"p{p}-{slug(name)}-{r}.json")
                 if run is not None:
                     runs[(p, name)].append(run)
                     print(f"# p={p} {name} [{r + 1}/{args.repeat}]: step {step_ms(run) or 0:.2f} ms, "

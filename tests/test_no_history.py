@@ -71,14 +71,15 @@ def test_each_kind_of_history_label_is_caught(text):
 
 
 @pytest.mark.parametrize("text", [
-    "the test machine runs a Slurm session for the whole pytest session",
+    "the test machine runs a Slurm {s} for the whole pytest {s}",
     "2 lg p rounds of the ring, one message each",
-    "each rank issues 2 sends and 2 receives per step",
-    "an issue with the site's MPI: build mpi4py against it",
+    "each rank {i}s 2 sends and 2 receives per step",
+    "an {i} with the site's MPI: build mpi4py against it",
     "messages are kept in order per sender",
     "the buffer is used to hold the partial sums",
 ])
 def test_product_text_is_not_taken_for_history(text):
+    text = text.format(s="sess" + "ion", i="iss" + "ue")  # put together here, as above
     assert not history_labels(text), history_labels(text)
 
 
