@@ -21,7 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from training_runs import check, train
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from training_runs import check, train  # noqa: E402
 
 TRAIN_ARGS = ["--hidden", "32", "--batch-size", "16"]
 

@@ -35,7 +35,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from training_runs import check, train
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from training_runs import check, train  # noqa: E402
 
 
 
