@@ -53,12 +53,19 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
+from ..comm import library_comm
 from ..params import average_buffer
 from . import modes
+from .tickets import tickets_for
 from .timing import analyse
 
 ARRIVE, DECIDE, GRADIENT = 1, 2, 3
 IN, LATE, SKIPPED = 0, 1, 2
+#: One node: the averages sent on to late ranks carry the step in their tag, from this tag on.
+STEP_TAGS = 16
+#: The largest shared window (bytes: two gradients per rank) for the one-node protocol; a larger
+#: model takes the message protocol.
+WINDOW_LIMIT = 256 << 20
 
 
 class BackupWorkers:
@@ -79,22 +86,35 @@ class BackupWorkers:
         self.rows: List[Tuple[int, float, int]] = []          # per step: status, compute s, samples in
         self.sums = np.zeros(3)
         self.forwarded = 0                                     # bytes of averages sent on to late ranks
+        lib = library_comm(trainer.comm)
+        #: One node, ``--algorithm auto``: tickets and the average in a shared window (``tickets.py``).
+        self.tickets = (tickets_for(self.comm, lib.layout, trainer.model.grads, self.need, lib.oversubscribed,
+                                    WINDOW_LIMIT) if trainer.config.algorithm == "auto" else None)
+        self.first = trainer.step                             # the window counts steps from here
+        self.cycle = self.comm.Get_attr(MPI.TAG_UB) - STEP_TAGS
+        self.sets: set = set()                                 # the distinct chosen sets this rank was in
 
     # -- a step ------------------------------------------------------------------------------
     def after_compute(self, idx: np.ndarray, loss: float, correct: int, t0: float, t1: float) -> None:
         """Steps 1-4 for the step whose gradient is in ``model.grads``; then skip ahead (step 5)."""
         t = self.t
         k = t.step
-        chosen = self._decide(k, arrive=True)
-        if self.rank in chosen:
-            average_buffer(t.model.grads, bucket_mb=t.config.bucket_mb, comm=self._group(chosen),
-                           algorithm=t.config.algorithm)
+        if self.tickets is not None:
+            chosen = self.tickets.step(t.model.grads, k - self.first)    # the average too, if in
+            tag = self._tag(k)
+        else:
+            chosen, tag = self._decide(k, arrive=True), GRADIENT
+            if self.rank in chosen:
+                average_buffer(t.model.grads, bucket_mb=t.config.bucket_mb, comm=self._group(chosen),
+                               algorithm=t.config.algorithm)
+        if chosen is not None and self.rank in chosen:
+            self.sets.add(tuple(sorted(int(r) for r in chosen)))
             t.traffic[0] += t.buckets
             t.traffic[1] += t.model.grads.nbytes
-            self._serve_late(chosen)
+            self._serve_late(chosen, tag)
             status, self.sums = IN, np.array([loss, correct, len(idx)], dtype=np.float64)
         else:
-            self._receive_average(chosen)
+            self._receive_average(chosen, tag)
             status, self.sums = LATE, np.zeros(3)
         self._finish(k, status, t1 - t0, len(idx) if status == IN else 0, t1)
         self._skip_ahead()
@@ -158,18 +178,26 @@ class BackupWorkers:
         inside = set(int(r) for r in chosen)
         return [r for r in range(self.ranks) if r not in inside]
 
-    def _serve_late(self, chosen: np.ndarray) -> None:
+    def _tag(self, k: int) -> int:
+        """The tag of step ``k``'s average on its way to a late rank (one node)."""
+        return STEP_TAGS + k % self.cycle
+
+    def _serve_late(self, chosen: np.ndarray, tag: int) -> None:
         """Send the averaged gradient to the late ranks this rank serves (nonblocking, from a copy)."""
         mine = [r for i, r in enumerate(self._late(chosen)) if int(chosen[i % self.need]) == self.rank]
         if mine:
             copy = self.t.model.grads.copy()
             for r in mine:
-                self.pending.append((self.comm.Isend(copy, dest=r, tag=GRADIENT), copy))
+                self.pending.append((self.comm.Isend(copy, dest=r, tag=tag), copy))
                 self.forwarded += copy.nbytes
 
-    def _receive_average(self, chosen: np.ndarray) -> None:
+    def _receive_average(self, chosen: Optional[np.ndarray], tag: int) -> None:
+        """The step's average, from the chosen rank that serves this one (any of them: one node)."""
+        if chosen is None:
+            self.comm.Recv(self.t.model.grads, source=MPI.ANY_SOURCE, tag=tag)
+            return
         i = self._late(chosen).index(self.rank)
-        self.comm.Recv(self.t.model.grads, source=int(chosen[i % self.need]), tag=GRADIENT)
+        self.comm.Recv(self.t.model.grads, source=int(chosen[i % self.need]), tag=tag)
 
     def _limit(self) -> int:
         """The step where skipping ahead stops: the run's end, the epoch's end, the next checkpoint."""
@@ -183,11 +211,18 @@ class BackupWorkers:
     def _skip_ahead(self) -> None:
         """Apply the updates of the steps already decided without this rank (step 5)."""
         t, limit = self.t, self._limit()
-        while t.step < limit and self.comm.Iprobe(source=self.coordinator, tag=DECIDE):
+        while t.step < limit:
             t0 = time.perf_counter()
-            chosen = self._decide(t.step, arrive=False)               # the decision is there: Recv returns at once
-            assert self.rank not in chosen
-            self._receive_average(chosen)
+            if self.tickets is not None:
+                if not self.tickets.decided(t.step - self.first):
+                    break
+                self._receive_average(None, self._tag(t.step))
+            else:
+                if not self.comm.Iprobe(source=self.coordinator, tag=DECIDE):
+                    break
+                chosen = self._decide(t.step, arrive=False)           # the decision is there: Recv returns at once
+                assert self.rank not in chosen
+                self._receive_average(chosen, GRADIENT)
             self._finish(t.step, SKIPPED, 0.0, 0, t0)
 
     def _prune(self) -> None:
@@ -257,13 +292,17 @@ class BackupWorkers:
             "sync_step_wait_ms_p50": float(np.median(sync)), "sync_step_wait_ms_mean": float(sync.mean()),
             "wait_saved_ms_p50": float(np.median(sync - waited)),
             "most_dropped_rank": int(np.argmax(dropped)),
-            "groups": len(self.groups),
+            "groups": len(self.sets),
+            "protocol": "shared window" if self.tickets is not None else "messages",
             "ranks": per_rank,
         }
         out["straggler"] = report
 
     def close(self) -> None:
-        """Free the protocol's communicators (collective over each one's ranks, in one order everywhere)."""
+        """Free the protocol's window and communicators (collective over each one's ranks, in one order everywhere)."""
+        if self.tickets is not None:
+            self.tickets.free()
+            self.tickets = None
         for key in sorted(self.groups):
             self.groups[key].Free()
         self.groups = {}
