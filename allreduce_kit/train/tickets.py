@@ -23,7 +23,7 @@ step number tells a late rank looking at an old record that the step was decided
 counts every chosen rank of every step that used the record, so it never needs a reset. Waits
 spin on acquire loads and yield the core when ranks share cores, like ``shared_memory``.
 """
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 from llvmlite import ir
@@ -119,21 +119,35 @@ def _step(grads, slots, state, k, chosen):
     return ticket
 
 
+def _layout(ranks: int, need: int, grads: np.ndarray) -> Tuple[int, int]:
+    """Bytes of one step record and of one slot, each a whole number of cache lines."""
+    return -(-8 * (2 + need) // _LINE) * _LINE, max(-(-grads.nbytes // _LINE) * _LINE, _LINE)
+
+
+def window_bytes(ranks: int, need: int, grads: np.ndarray) -> int:
+    """The bytes of a ``Tickets`` window for ``ranks`` ranks: the step records and 2 x ``ranks`` slots."""
+    record, slot = _layout(ranks, need, grads)
+    return RECORDS * record + 2 * ranks * slot
+
+
+def state_of(memory: np.ndarray, rank: int, ranks: int, need: int, grads: np.ndarray, yield_fn: int) -> np.ndarray:
+    """``_step``'s state for ``rank`` on ``memory`` (``window_bytes`` bytes, 64-byte aligned, records zeroed)."""
+    record, slot = _layout(ranks, need, grads)
+    return np.array([rank, ranks, need, memory.ctypes.data, record, yield_fn, slot // grads.itemsize], np.int64)
+
+
 class Tickets(NodeWindow):
     """The window of one ``BackupWorkers`` on one node: step records and two sets of gradient slots
     (collective over ``node``, which it owns)."""
 
     def __init__(self, node: MPI.Intracomm, grads: np.ndarray, need: int, oversubscribed: bool):
         size, rank = node.Get_size(), node.Get_rank()
-        record_bytes = -(-8 * (2 + need) // _LINE) * _LINE
-        slot_bytes = -(-grads.nbytes // _LINE) * _LINE
-        records = RECORDS * record_bytes
-        super().__init__(node, records + 2 * size * max(slot_bytes, _LINE), oversubscribed)
+        super().__init__(node, window_bytes(size, need, grads), oversubscribed)
+        records = RECORDS * _layout(size, need, grads)[0]
         if rank == 0:
             self.memory[:records] = 0
         self._slots = self.memory[records:].view(grads.dtype)
-        self.state = np.array([rank, size, need, self.memory.ctypes.data, record_bytes, self.yield_fn,
-                               max(slot_bytes, _LINE) // grads.itemsize], np.int64)
+        self.state = state_of(self.memory, rank, size, need, grads, self.yield_fn)
         self.chosen = np.zeros(need, dtype=np.int64)
         node.Barrier()                                  # the records are zero before any rank draws
 
@@ -144,11 +158,6 @@ class Tickets(NodeWindow):
     def decided(self, k: int) -> bool:
         """Whether step ``k`` has its ranks (this rank, not among them, then takes the average by message)."""
         return bool(decided(self.state, k))
-
-
-def window_bytes(ranks: int, need: int, grads: np.ndarray) -> int:
-    """The bytes of a ``Tickets`` window for ``ranks`` ranks."""
-    return RECORDS * -(-8 * (2 + need) // _LINE) * _LINE + 2 * ranks * max(-(-grads.nbytes // _LINE) * _LINE, _LINE)
 
 
 def tickets_for(comm: MPI.Intracomm, layout, grads: np.ndarray, need: int, oversubscribed: bool,

@@ -2,7 +2,8 @@
 
 ``--backup-workers 0`` and ``--local-sgd 1`` are plain sync, bit for bit; with one backup worker
 and a slow rank the replicas stay bitwise identical, the slow rank's gradients are the ones
-dropped and no message is left behind; local SGD keeps its steps local and averages every H
+dropped and no message is left behind, with either protocol (the shared window on one node, and
+the messages that ranks on several nodes use, forced here by a window limit of 0 bytes); local SGD keeps its steps local and averages every H
 steps, which the communication count shows; impossible settings raise on every rank before
 anything is sent.
 """
@@ -10,12 +11,26 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from allreduce_kit.train import data
+from allreduce_kit.comm import library_comm
+from allreduce_kit.train import backup, data
 from allreduce_kit.train.trainer import Config, Trainer
 
 from conftest import assert_quiet, assert_same_everywhere
 
 DIGITS = data.digits(0.2, seed=0)
+
+
+@pytest.fixture(params=["window", "messages"])
+def protocol(request, monkeypatch):
+    """The backup workers' protocol under test: the one-node shared window, or messages."""
+    if request.param == "messages":
+        monkeypatch.setattr(backup, "WINDOW_LIMIT", 0)
+    return request.param
+
+
+def assert_protocol(comm, trainer, protocol):
+    window = protocol == "window" and library_comm(comm).layout.single_node
+    assert (trainer.strategy.tickets is not None) == window
 
 
 @pytest.fixture
@@ -52,13 +67,14 @@ def test_zero_backup_workers_and_one_local_step_are_plain_sync_bitwise(comm, tra
 
 
 @pytest.mark.mpi
-def test_one_backup_worker_drops_the_slow_rank_and_keeps_replicas_identical(comm, train):
+def test_one_backup_worker_drops_the_slow_rank_and_keeps_replicas_identical(comm, train, protocol):
     p = comm.Get_size()
     if p == 1:
         pytest.skip("a backup worker needs p >= 2")
     slow = p - 1
     steps = 10
     trainer = train(comm, steps, backup_workers=1, straggler=(slow, 150.0), gather_every=4)
+    assert_protocol(comm, trainer, protocol)
     assert trainer.step == steps
     identical, _ = trainer.replicas_identical()
     assert identical
@@ -78,6 +94,8 @@ def test_one_backup_worker_drops_the_slow_rank_and_keeps_replicas_identical(comm
         assert np.all(status != 0), "the slow rank's gradient made it into a step"
     if comm.Get_rank() == 0:
         b = result["straggler"]["backup_workers"]
+        assert b["protocol"] == ("shared window" if trainer.strategy.tickets is not None else "messages")
+        assert b["groups"] == 1
         assert b["most_dropped_rank"] == slow
         rows = b["ranks"]
         assert rows[slow]["dropped_share"] == 1.0
@@ -91,13 +109,14 @@ def test_one_backup_worker_drops_the_slow_rank_and_keeps_replicas_identical(comm
 
 
 @pytest.mark.mpi
-def test_with_jitter_the_chosen_set_changes_and_every_step_drops_exactly_b_ranks(comm, train):
+def test_with_jitter_the_chosen_set_changes_and_every_step_drops_exactly_b_ranks(comm, train, protocol):
     """Any rank may be late, the coordinator too (it then leaves itself out): the replicas stay identical."""
     p = comm.Get_size()
     if p < 3:
         pytest.skip("needs p >= 3 for more than one backup worker")
     backups, steps = p // 2, 12
     trainer = train(comm, steps, backup_workers=backups, jitter_ms=4.0, gather_every=5)
+    assert_protocol(comm, trainer, protocol)
     assert trainer.step == steps and trainer.replicas_identical()[0]
     assert_same_everywhere(comm, trainer.optimizer.velocity)
     out = np.array([row[0] != 0 for row in trainer.strategy.rows])
@@ -113,7 +132,7 @@ def test_with_jitter_the_chosen_set_changes_and_every_step_drops_exactly_b_ranks
 
 
 @pytest.mark.mpi
-def test_backup_workers_cross_epochs_and_checkpoints_together(comm, train, tmp_path_factory):
+def test_backup_workers_cross_epochs_and_checkpoints_together(comm, train, tmp_path_factory, protocol):
     """A slow rank that skips ahead stops at an epoch's end and at a checkpoint step, where all meet."""
     p = comm.Get_size()
     if p == 1:
@@ -123,6 +142,7 @@ def test_backup_workers_cross_epochs_and_checkpoints_together(comm, train, tmp_p
     steps = per_epoch + 3
     trainer = train(comm, steps, batch_size=64, backup_workers=p - 1, straggler=(0, 20.0),
                     checkpoint_dir=directory, checkpoint_every=2)
+    assert_protocol(comm, trainer, protocol)
     assert trainer.step == steps and len(trainer.history) == 2
     assert trainer.history[0]["steps"] == per_epoch and trainer.history[1]["steps"] == 3
     assert trainer.replicas_identical()[0]
