@@ -5,7 +5,17 @@ wait for the B slowest ranks. Every rank still applies the same averaged update,
 stay bitwise identical, and a late rank does not fall behind: it drops its gradient and goes on
 from the newest parameters.
 
-The protocol, on a communicator of its own (a ``Dup`` of the trainer's), for step k:
+Two protocols, on a communicator of its own (a ``Dup`` of the trainer's). **On one node** (every
+rank of the communicator on one node, ``--algorithm auto``, a window of at most ``WINDOW_LIMIT``
+bytes), ``tickets.py``: no message decides who is in. A rank with its gradient copies it into its
+slot of a shared window and draws a ticket (an atomic compare-and-swap on the step's counter);
+the first P - B tickets are in, and each rank in, once the P - B tickets are all drawn, folds
+their slots in rank order into its own gradient buffer (the sum divided by P - B). Deciding and
+reducing are one wait, for the (P - B)-th arrival; then steps 4 and 5 below, the average going
+to a late rank in a message whose tag carries the step (a late rank receives it from any
+source), and a late rank looks in the window, not for a message, for steps already decided.
+
+**Across nodes** (or with another ``--algorithm``, or a larger model), for step k:
 
 1. **Arrival.** A rank that has its gradient sends one 8-byte message, ``k``, to the step's
    coordinator (nonblocking). The coordinator of step k is the first rank to arrive in step k-1,
@@ -23,27 +33,34 @@ The protocol, on a communicator of its own (a ``Dup`` of the trainer's), for ste
    waits for one: an allreduce over all P ranks with zeros from the late ones would wait for
    the slowest rank to arrive, which is what this mode exists to avoid.
 4. **The late ranks get the result.** The i-th late rank (in rank order) receives the averaged
-   gradient from the (i mod (P - B))-th chosen rank, as a nonblocking send from a copy, which the
-   chosen rank does not wait for. Every rank then applies the same update to the same bits.
-5. **Skipping ahead.** A late rank finishes its compute, receives the decision of its step (it
-   is not in), the average, and applies it. Before it computes again it looks (``Iprobe``) for
-   decisions of later steps already made without it; for each it receives the decision and the
-   average and applies the update without computing, then computes the first step not yet
-   decided, with the newest parameters. It drops the gradients it computed late and skips the
-   batches of the steps it missed (they count as not trained on). It stops skipping at an
-   epoch's end and at a checkpoint step, where every rank meets anyway.
+   gradient from the (i mod (P - B))-th chosen rank (in arrival order), as a nonblocking send
+   from a copy, which the chosen rank does not wait for. Every rank then applies the same update
+   to the same bits.
+5. **Skipping ahead.** A late rank finishes its compute, receives the decision of its step (it is
+   not in), the average, and applies it. Before it computes again it looks (``Iprobe``; on one node,
+   in the window's step records) for decisions of later steps already made without it; for each it
+   receives the decision and the average and applies the update without computing, then computes the
+   first step not yet decided, with the newest parameters. It drops the gradients it computed late
+   and skips the batches of the steps it missed (they count as not trained on). It stops skipping at
+   an epoch's end and at a checkpoint step, where every rank meets anyway.
 
 Points where every rank meets, straggler or not: the end of each epoch (the test evaluation and
 the epoch's sums are collective), the gathering of the timing records every ``--gather-every``
 steps and checkpoints. At the end of the run every rank receives the arrival messages that came
 too late to count, so none is left unreceived.
 
+Why the window: where ranks share cores, every wait for all the chosen ranks to be scheduled
+costs about what a small allreduce costs. After the (P - B)-th arrival the messages pay two (the
+coordinator's round, then the reduction among the chosen), the window one, the same number as
+plain sync's allreduce after the last arrival.
+
 The report (``straggler["backup_workers"]`` in ``--json``): per rank the share of steps whose
-average does not hold its gradient, the gradients it computed, how many of those came late and
-the steps it skipped; per run the effective global batch (the samples in each step's average);
-and per step, from the same run's arrival records (each rank's compute time, ranks starting a
-step together as plain sync would), how long the step waited from its first arrival to its
-(P - B)-th, against from the first to the last, which is what plain sync waits. A rank that
+average does not hold its gradient, the gradients it computed, how many of those came late and the
+steps it skipped; per run the effective global batch (the samples in each step's average), the
+protocol (``shared window`` or ``messages``) and the distinct sets of ranks in (``groups``, those
+rank 0 was in); and per step, from the same run's arrival records (each rank's compute time, ranks
+starting a step together as plain sync would), how long the step waited from its first arrival to
+its (P - B)-th, against from the first to the last, which is what plain sync waits. A rank that
 skipped a step counts with its latest compute time. ``step_ms_p50`` is the step time of the ranks
 whose gradient is in, the pace at which the updates come.
 """
