@@ -28,7 +28,7 @@ from typing import Optional, Tuple
 import numpy as np
 from llvmlite import ir
 from mpi4py import MPI
-from numba import njit, types
+from numba import njit, typeof, types
 from numba.extending import intrinsic
 
 from ..algorithms.spin import NodeWindow, load_acquire, store_release, wait_until
@@ -149,6 +149,9 @@ class Tickets(NodeWindow):
         self._slots = self.memory[records:].view(grads.dtype)
         self.state = state_of(self.memory, rank, size, need, grads, self.yield_fn)
         self.chosen = np.zeros(need, dtype=np.int64)
+        # Compiled (or loaded from numba's cache) here, not in the first step.
+        _step.compile(tuple(typeof(a) for a in (grads, self._slots, self.state, 0, self.chosen)))
+        decided(self.state, 0)
         node.Barrier()                                  # the records are zero before any rank draws
 
     def step(self, grads: np.ndarray, k: int) -> Optional[np.ndarray]:
