@@ -33,6 +33,7 @@ from numba.extending import intrinsic
 
 from ..algorithms.spin import NodeWindow, load_acquire, store_release, wait_until
 from ..kernels import reduce as _loops
+from ..topology import Topology
 
 #: Step records used in turn (at least 3: a record is reused only once step k - 2's readers are done).
 RECORDS = 4
@@ -163,7 +164,7 @@ class Tickets(NodeWindow):
         return bool(decided(self.state, k))
 
 
-def tickets_for(comm: MPI.Intracomm, layout, grads: np.ndarray, need: int, oversubscribed: bool,
+def tickets_for(comm: MPI.Intracomm, layout: Topology, grads: np.ndarray, need: int, oversubscribed: bool,
                 limit: int) -> Optional[Tickets]:
     """A ``Tickets`` window over ``comm`` if all its ranks share one node (``layout``, a ``Topology``)
     and the window takes at most ``limit`` bytes, else None. Collective; the same answer on every rank."""
