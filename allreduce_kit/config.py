@@ -95,7 +95,7 @@ ABORT_ON_ERROR = Setting("ALLREDUCE_KIT_ABORT_ON_ERROR", boolean, True,
                          "raises an uncaught exception; 0 leaves the default (the other ranks hang)")
 ELASTIC_DIR = Setting("ALLREDUCE_KIT_ELASTIC_DIR", text, "",
                       "set by python -m allreduce_kit.train --elastic for the ranks it launches: the directory "
-                      "where each rank writes its pid and host, and rank 0 the step it has finished; unset: "
+                      "where each rank writes its pid, host and heartbeat, and rank 0 the step it has finished; unset: "
                       "not supervised")
 ELASTIC_TIMEOUT = Setting("ALLREDUCE_KIT_ELASTIC_TIMEOUT", seconds, 10.0,
                           "python -m allreduce_kit.train --elastic: seconds without a heartbeat (each rank writes "

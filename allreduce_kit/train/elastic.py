@@ -67,7 +67,8 @@ class Loss:
     def line(self) -> str:
         ranks = ", ".join(map(str, self.lost_ranks))
         if self.nodes_lost:
-            who, where = f"node {', '.join(self.nodes_lost)}", f" (rank{'s' if len(self.lost_ranks) != 1 else ''} {ranks})"
+            plural = "s" if len(self.lost_ranks) != 1 else ""
+            who, where = f"node {', '.join(self.nodes_lost)}", f" (rank{plural} {ranks})"
         elif len(self.lost_ranks) > 1:
             who, where = f"ranks {ranks}", f" (on {self.host})"
         else:
@@ -496,7 +497,8 @@ def _supervise(known, rest: List[str], directory: str, mpiexec: str, report: str
             command = [*launcher, sys.executable, "-m", "allreduce_kit.train", *rest,
                        *(["--resume"] if resume else [])]
             if losses:
-                left_out = f", without node{'s' if len(excluded) != 1 else ''} {', '.join(excluded)}" if excluded else ""
+                plural = "s" if len(excluded) != 1 else ""
+                left_out = f", without node{plural} {', '.join(excluded)}" if excluded else ""
                 _say(f"relaunching on {ranks} ranks{left_out}: {' '.join(command)}")
             job = Job(command, env, srun=srun)
             first_step = job.watch(report, losses[-1] if losses else None, timeout)
@@ -510,7 +512,8 @@ def _supervise(known, rest: List[str], directory: str, mpiexec: str, report: str
                 loss = _silent_loss(job, report, ranks, timeout)
             else:
                 dead = job.dead()
-                if dead is not None and ("; aborting the job" in "".join(job.text) or "Aborting the job." in "".join(job.text)):
+                text = "".join(job.text)
+                if dead is not None and ("; aborting the job" in text or "Aborting the job." in text):
                     dead = None                    # a rank ended the job on an error: running it again would repeat it
                 if dead is None:
                     _say(f"the job ended with status {status} and no rank was killed: not relaunched")
