@@ -438,7 +438,7 @@ def main(argv: Sequence[str]) -> int:
     # Where the ranks report in: beside the checkpoints, which every rank's host must see anyway.
     try:
         os.makedirs(directory, exist_ok=True)
-        report = tempfile.mkdtemp(prefix=".elastic-", dir=directory)
+        report = os.path.abspath(tempfile.mkdtemp(prefix=".elastic-", dir=directory))
     except OSError as bad:
         return _error(f"argument --checkpoint-dir: cannot create {directory}: {bad.strerror}")
     env = dict(os.environ, **{config.ELASTIC_DIR.name: report})
@@ -506,7 +506,7 @@ def _supervise(known, rest: List[str], directory: str, mpiexec: str, report: str
                 job.end_survivors(report)
             status = job.wait()
             ended = job.first_dead[1] if job.first_dead else job.silent_since if job.silent else time.monotonic()
-            if not job.silent and (status == 0 or stopping or status == STOPPED):
+            if stopping or status == STOPPED or (status == 0 and not job.silent):
                 return _finish(status, losses, json_path)
             if job.silent:
                 loss = _silent_loss(job, report, ranks, timeout)
