@@ -35,6 +35,10 @@ FAKE = textwrap.dedent(r'''
         ranks = int(next(a for a in args if a.startswith("--ntasks="))[9:])
     here = socket.gethostname()
     hosts = plan.get("hosts") or [here] * ranks
+    if plan.get("refused_by"):               # srun cannot start the step on a node whose slurmd is gone
+        print(f"srun: error: Task launch for StepId=77.{launch} failed on node {plan['refused_by']}: "
+              "Communication connection failure", file=sys.stderr, flush=True)
+        sys.exit(1)
     start = 0
     if "--resume" in args:
         d = args[args.index("--checkpoint-dir") + 1]
@@ -185,6 +189,30 @@ def test_under_srun_a_dead_node_is_left_out_of_the_relaunch(supervise, tmp_path)
     assert "node node-b (ranks 2, 3) lost after step 27" in out and "6 -> 4 ranks" in out, out
     assert "relaunching on 4 ranks, without node node-b" in out
     assert cancelled.read_text().split() == ["--quiet", "--signal=KILL", "77.0"]
+
+
+def test_under_srun_a_node_whose_slurmd_is_gone_is_left_out_when_the_relaunch_fails_there(supervise, tmp_path):
+    """Rank 1 dies on the supervisor's host; the relaunch fails because node-b's slurmd does not
+    answer: node-b is left out with the 2 ranks it held, and the next relaunch runs on the rest."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").symlink_to(supervise.fake)
+    for name, body in (("scontrol", 'echo node-a; echo node-b; echo node-c'), ("scancel", "true")):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    here = socket.gethostname()
+    plan = [{"die_at": 27, "rank": 1, "hosts": [here, here, "node-b", "node-b", "node-c", "node-c"]},
+            {"refused_by": "node-b"},
+            {"hosts": [here] * 2 + ["node-c"]}]
+    env = dict(PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="77", SLURM_JOB_NODELIST="node-[a-c]")
+    result, launches = supervise(plan, ranks=6, options=["--launcher", "srun"], **env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [[a for a in launch if a.startswith(("--ntasks=", "--exclude="))] for launch in launches] == [
+        ["--ntasks=6"], ["--ntasks=5"], ["--ntasks=3", "--exclude=node-b"]]
+    out = result.stdout
+    assert "rank 1 (pid" in out and "6 -> 5 ranks" in out, out
+    assert f"node node-b (ranks 2, 3) lost after step 20, {elastic.REFUSED}; 5 -> 3 ranks" in out, out
+    assert "3 ranks lost during the run" in out
 
 
 def test_srun_outside_an_allocation_is_refused(tmp_path):

@@ -68,7 +68,7 @@ class Loss:
         ranks = ", ".join(map(str, self.lost_ranks))
         if self.nodes_lost:
             plural = "s" if len(self.lost_ranks) != 1 else ""
-            who, where = f"node {', '.join(self.nodes_lost)}", f" (rank{plural} {ranks})"
+            who, where = f"node {', '.join(self.nodes_lost)}", f" (rank{plural} {ranks})" if ranks else ""
         elif len(self.lost_ranks) > 1:
             who, where = f"ranks {ranks}", f" (on {self.host})"
         else:
@@ -214,6 +214,9 @@ def usable_checkpoint(directory: str) -> Tuple[Optional[int], List[str]]:
 
 HYDRA_DEATH = re.compile(r"BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\s*=\s*PID (\d+) RUNNING AT (\S+)")
 HYDRA_SIGNAL = re.compile(r"EXIT STRING: .*\(signal (\d+)\)")
+#: srun's word for a node whose slurmd does not answer (it died, alone or with the node).
+SRUN_REFUSED = re.compile(r"Task launch for \S+ failed on node ([^\s:]+)")
+REFUSED = "its slurmd did not start the job step there"
 
 
 class Heartbeats:
@@ -395,6 +398,19 @@ def _entries(directory: str) -> Dict[int, Tuple[int, str, str]]:
     return found
 
 
+def _placement(directory: str) -> Dict[str, List[int]]:
+    """host -> the ranks of the last launch that reported in there (ended or not)."""
+    placed: Dict[str, List[int]] = {}
+    for name in sorted(os.listdir(directory)):
+        if name.startswith("rank-") and name[5:].isdigit():
+            try:
+                host = open(os.path.join(directory, name)).read().split()[1]
+            except (OSError, IndexError):
+                continue
+            placed.setdefault(host, []).append(int(name[5:]))
+    return {host: sorted(ranks) for host, ranks in placed.items()}
+
+
 def _progress(directory: str) -> Optional[int]:
     try:
         return int(open(os.path.join(directory, "progress")).read().strip() or "x")
@@ -491,6 +507,7 @@ def _supervise(known, rest: List[str], directory: str, mpiexec: str, report: str
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1)}
     try:
         while True:
+            placed = _placement(report)        # host -> the ranks of the launch before
             for name in os.listdir(report):
                 os.unlink(os.path.join(report, name))
             launcher = _srun(mpiexec, ranks, list(nodes), excluded) if srun else [mpiexec, *cleanup, "-n", str(ranks)]
@@ -515,14 +532,23 @@ def _supervise(known, rest: List[str], directory: str, mpiexec: str, report: str
                 text = "".join(job.text)
                 if dead is not None and ("; aborting the job" in text or "Aborting the job." in text):
                     dead = None                    # a rank ended the job on an error: running it again would repeat it
-                if dead is None:
+                refused = [n for n in SRUN_REFUSED.findall(text) if n not in excluded] if srun else []
+                if dead is None and refused and first_step is None:
+                    # A node whose slurmd is gone: leave it out too, with the ranks it held before.
+                    host = refused[0]
+                    step = losses[-1].resumed_from if losses else _progress(report)
+                    held = placed.get(host, [])
+                    loss = Loss(None, None, host, REFUSED, step, ranks, ranks - len(held), lost_ranks=held,
+                                nodes_lost=[host])
+                elif dead is None:
                     _say(f"the job ended with status {status} and no rank was killed: not relaunched")
                     return _finish(status, losses, json_path)
-                pid, host, how = dead
-                rank, _ = _registry(report).get(pid, (None, host)) if pid is not None else (None, host)
-                last = job.first_dead[2] if job.first_dead and job.first_dead[2] is not None else _progress(report)
-                loss = Loss(rank, pid, host, how, last, ranks, ranks - 1, lost_ranks=[] if rank is None else [rank])
-            if losses and first_step is None:
+                else:
+                    pid, host, how = dead
+                    rank, _ = _registry(report).get(pid, (None, host)) if pid is not None else (None, host)
+                    last = job.first_dead[2] if job.first_dead and job.first_dead[2] is not None else _progress(report)
+                    loss = Loss(rank, pid, host, how, last, ranks, ranks - 1, lost_ranks=[] if rank is None else [rank])
+            if losses and first_step is None and loss.how != REFUSED:
                 _say(f"recovery failed: {loss.line()}, before the relaunched job's first step")
                 return _finish(FAILED, losses + [loss], json_path)
             losses.append(loss)
