@@ -95,12 +95,17 @@ ABORT_ON_ERROR = Setting("ALLREDUCE_KIT_ABORT_ON_ERROR", boolean, True,
                          "raises an uncaught exception; 0 leaves the default (the other ranks hang)")
 ELASTIC_DIR = Setting("ALLREDUCE_KIT_ELASTIC_DIR", text, "",
                       "set by python -m allreduce_kit.train --elastic for the ranks it launches: the directory "
-                      "where each rank writes its pid and host, and rank 0 the step it has finished; unset: "
+                      "where each rank writes its pid, host and heartbeat, and rank 0 the step it has finished; unset: "
                       "not supervised")
+ELASTIC_TIMEOUT = Setting("ALLREDUCE_KIT_ELASTIC_TIMEOUT", seconds, 10.0,
+                          "python -m allreduce_kit.train --elastic: seconds without a heartbeat (each rank writes "
+                          "one every tenth of this) after which a rank on another host is taken for dead, and a "
+                          "host whose ranks are all dead for a dead node; 0: only the ranks on the "
+                          "supervisor's host are watched")
 
 #: Every setting, in the order of the docs' table.
 SETTINGS: Tuple[Setting, ...] = (STALL_TIMEOUT, CHECK, TUNING, ONLINE_TUNING, DIRECT, YIELD, ABORT_ON_ERROR,
-                                 ELASTIC_DIR)
+                                 ELASTIC_DIR, ELASTIC_TIMEOUT)
 
 def read(setting: Setting, environ: Optional[Mapping[str, str]] = None) -> Any:
     """The setting's value from ``environ`` (default ``os.environ``), or its default if unset.

@@ -6,6 +6,7 @@ or after reaching it. The supervisor sees real processes die.
 """
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -17,7 +18,7 @@ import pytest
 from allreduce_kit.train import checkpoint, elastic
 
 FAKE = textwrap.dedent(r'''
-    import json, os, socket, subprocess, sys, time
+    import json, os, socket, subprocess, sys, threading, time
     args = sys.argv[1:]
     if args == ["--version"]:
         print("HYDRA build details: (stand-in)")
@@ -28,7 +29,16 @@ FAKE = textwrap.dedent(r'''
         f.write(json.dumps(args) + "\n")
     launch = sum(1 for _ in open(log)) - 1
     plan = json.loads(os.environ["FAKE_PLAN"])[launch]
-    ranks = int(args[args.index("-n") + 1])
+    if "-n" in args:
+        ranks = int(args[args.index("-n") + 1])
+    else:                                    # the stand-in for srun
+        ranks = int(next(a for a in args if a.startswith("--ntasks="))[9:])
+    here = socket.gethostname()
+    hosts = plan.get("hosts") or [here] * ranks
+    if plan.get("refused_by"):               # srun cannot start the step on a node whose slurmd is gone
+        print(f"srun: error: Task launch for StepId=77.{launch} failed on node {plan['refused_by']}: "
+              "Communication connection failure", file=sys.stderr, flush=True)
+        sys.exit(1)
     start = 0
     if "--resume" in args:
         d = args[args.index("--checkpoint-dir") + 1]
@@ -36,7 +46,7 @@ FAKE = textwrap.dedent(r'''
     kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(ranks)]
     for rank, kid in enumerate(kids):
         with open(os.path.join(report, f"rank-{rank}"), "w") as f:
-            f.write(f"{kid.pid} {socket.gethostname()}\n")
+            f.write(f"{kid.pid} {hosts[rank]}{' 77.' + str(launch) if plan.get('hosts') else ''}\n")
     def progress(step):
         with open(os.path.join(report, "progress"), "w") as f:
             f.write(f"{step:012d}\n")
@@ -48,6 +58,32 @@ FAKE = textwrap.dedent(r'''
             kid.kill()
             kid.wait()
         sys.exit(1)
+    far = [rank for rank in range(ranks) if hosts[rank] != here]
+    beating = set(far)
+    def beat():                              # the ranks on other hosts beat (report_in)
+        count = 0
+        while True:
+            count += 1
+            for rank in list(beating):
+                with open(os.path.join(report, f"rank-{rank}.beat"), "w") as f:
+                    f.write(f"{count}\n")
+            time.sleep(0.05)
+    threading.Thread(target=beat, daemon=True).start()
+    if plan.get("silent_at") is not None:    # then the ranks of one of those hosts fall silent
+        time.sleep(0.3)
+        progress(plan["silent_at"])
+        time.sleep(0.3)
+        dying = [rank for rank in far if hosts[rank] == plan["silent_host"]]
+        beating.difference_update(dying)
+        for rank in dying:
+            kids[rank].kill()
+        for rank, kid in enumerate(kids):
+            if rank not in far:
+                kid.wait()                  # the supervisor kills the ones on its host
+        for kid in kids:                    # and cancels the job step, which ends the rest
+            kid.kill()
+            kid.wait()
+        sys.exit(137)
     if plan.get("die_at") is not None:
         if plan["die_at"] > start:
             time.sleep(0.3)
@@ -81,21 +117,23 @@ def supervise(tmp_path):
     fake.chmod(0o755)
     ckpt = tmp_path / "ckpt"
 
-    def run(plan, ranks=4, min_ranks=2, steps=(10, 20)):
+    def run(plan, ranks=4, min_ranks=2, steps=(10, 20), options=None, **extra):
         ckpt.mkdir(exist_ok=True)
         for step in steps:
             checkpoint.save(str(ckpt), step, _arrays(), {"ranks": ranks}, keep=5)
         log = tmp_path / "launches.log"
         if log.exists():
             log.unlink()
-        env = dict(os.environ, FAKE_PLAN=json.dumps(plan), FAKE_LOG=str(log))
+        env = dict(os.environ, FAKE_PLAN=json.dumps(plan), FAKE_LOG=str(log), **extra)
+        options = ["--mpiexec", str(fake)] if options is None else options
         result = subprocess.run([sys.executable, "-m", "allreduce_kit.train", "--elastic", "-n", str(ranks),
-                                 "--min-ranks", str(min_ranks), "--mpiexec", str(fake), "--checkpoint-dir", str(ckpt),
+                                 "--min-ranks", str(min_ranks), *options, "--checkpoint-dir", str(ckpt),
                                  "--epochs", "3"], capture_output=True, text=True, timeout=120, env=env,
                                 cwd=str(tmp_path))
         launches = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
         return result, launches
     run.ckpt = ckpt
+    run.fake = fake
     return run
 
 
@@ -109,6 +147,81 @@ def test_a_dead_rank_is_named_and_training_goes_on_on_the_survivors(supervise):
     out = result.stdout
     assert "rank 2 (pid" in out and "lost after step 27, died; 4 -> 3 ranks" in out, out
     assert "resumed from step 20 (7 steps redone)" in out and "recovered: first step on 3 ranks" in out, out
+
+
+def test_ranks_elsewhere_that_fall_silent_are_lost_and_their_node_with_them(supervise):
+    """Ranks 2 and 3 on another host stop beating: after ALLREDUCE_KIT_ELASTIC_TIMEOUT they are
+    taken for dead, the supervisor ends the job and goes on on the 2 ranks of its own host."""
+    far = ["here", "here", "far-node", "far-node"]
+    result, launches = supervise([{"silent_at": 27, "silent_host": "far-node",
+                                   "hosts": [socket.gethostname()] * 2 + far[2:]}, {}],
+                                 ALLREDUCE_KIT_ELASTIC_TIMEOUT="1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [l[l.index("-n") + 1] for l in launches] == ["4", "2"]
+    out = result.stdout
+    assert "node far-node (ranks 2, 3) lost after step 27, no heartbeat for 1 s; 4 -> 2 ranks" in out, out
+    assert "resumed from step 20 (7 steps redone)" in out
+
+
+def test_under_srun_a_dead_node_is_left_out_of_the_relaunch(supervise, tmp_path):
+    """--launcher srun in an allocation of nodes a, b, c: b's ranks fall silent; the job step is
+    cancelled and the relaunch asks srun for the 4 survivors on a and c, without b."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").symlink_to(supervise.fake)
+    cancelled = tmp_path / "scancel.args"
+    for name, body in (("scontrol", 'echo node-a; echo node-b; echo node-c'),
+                       ("scancel", f'echo "$@" >> {cancelled}')):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    here = socket.gethostname()
+    plan = [{"silent_at": 27, "silent_host": "node-b", "hosts": [here, here, "node-b", "node-b", "node-c", "node-c"]},
+            {"hosts": [here] * 2 + ["node-c"] * 2}]
+    env = dict(PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="77", SLURM_JOB_NODELIST="node-[a-c]",
+               ALLREDUCE_KIT_ELASTIC_TIMEOUT="1")
+    result, launches = supervise(plan, ranks=6, options=["--launcher", "srun"], **env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    first, second = launches
+    assert "--ntasks=6" in first and "--nodes=3" in first and not any(a.startswith("--exclude") for a in first)
+    assert "--ntasks=4" in second and "--nodes=2" in second and "--exclude=node-b" in second, second
+    assert "--kill-on-bad-exit=0" in second and "--overlap" in second and second[-1] == "--resume"
+    out = result.stdout
+    assert "node node-b (ranks 2, 3) lost after step 27" in out and "6 -> 4 ranks" in out, out
+    assert "relaunching on 4 ranks, without node node-b" in out
+    assert cancelled.read_text().split() == ["--quiet", "--signal=KILL", "77.0"]
+
+
+def test_under_srun_a_node_whose_slurmd_is_gone_is_left_out_when_the_relaunch_fails_there(supervise, tmp_path):
+    """Rank 1 dies on the supervisor's host; the relaunch fails because node-b's slurmd does not
+    answer: node-b is left out with the 2 ranks it held, and the next relaunch runs on the rest."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").symlink_to(supervise.fake)
+    for name, body in (("scontrol", 'echo node-a; echo node-b; echo node-c'), ("scancel", "true")):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    here = socket.gethostname()
+    plan = [{"die_at": 27, "rank": 1, "hosts": [here, here, "node-b", "node-b", "node-c", "node-c"]},
+            {"refused_by": "node-b"},
+            {"hosts": [here] * 2 + ["node-c"]}]
+    env = dict(PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="77", SLURM_JOB_NODELIST="node-[a-c]")
+    result, launches = supervise(plan, ranks=6, options=["--launcher", "srun"], **env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [[a for a in launch if a.startswith(("--ntasks=", "--exclude="))] for launch in launches] == [
+        ["--ntasks=6"], ["--ntasks=5"], ["--ntasks=3", "--exclude=node-b"]]
+    out = result.stdout
+    assert "rank 1 (pid" in out and "6 -> 5 ranks" in out, out
+    assert f"node node-b (ranks 2, 3) lost after step 20, {elastic.REFUSED}; 5 -> 3 ranks" in out, out
+    assert "3 ranks lost during the run" in out
+
+
+def test_srun_outside_an_allocation_is_refused(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    result = subprocess.run([sys.executable, "-m", "allreduce_kit.train", "--elastic", "-n", "2", "--launcher", "srun",
+                             "--checkpoint-dir", "x"], capture_output=True, text=True, timeout=60, cwd=str(tmp_path),
+                            env=env)
+    assert result.returncode == 2 and "--launcher srun starts the ranks inside a Slurm allocation" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_a_corrupt_newest_checkpoint_is_moved_aside_and_the_one_before_used(supervise):

@@ -269,3 +269,100 @@ def test_srun_without_mpi_is_stopped_by_the_guard(slurm_cluster, tmp_path):
     assert result.stderr.count("Slurm started 2 tasks") == 1, result.stderr
     assert "MPI reports a world of 1 rank" in result.stderr
     assert "MPI world of" not in result.stdout, "no copy may go on"
+
+
+# -- a node dies under the elastic job ----------------------------------------------------------
+NODE = "allreduce-node-2"
+
+
+def node_processes(node: str) -> List[int]:
+    """Every process of a simulated node: those in the host-name (UTS) namespace of its slurmd."""
+    slurmd = int(Path(f"{STATE}/slurmd-{node}.pid").read_text())
+    namespace = os.readlink(f"/proc/{slurmd}/ns/uts")
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and os.readlink(entry / "ns" / "uts") == namespace:
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def kill_node(node: str) -> List[str]:
+    """The node dies: SIGKILL to its slurmd, its job steps' slurmstepd and ranks, all at once."""
+    killed = []
+    for pid in node_processes(node):
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+            os.kill(pid, 9)
+            killed.append(name)
+        except OSError:
+            continue
+    return killed
+
+
+def restart_node(cluster: Cluster, node: str) -> None:
+    """Start the node's slurmd again as start-slurm.sh does, and wait until the cluster is idle."""
+    subprocess.run(["unshare", "--uts", "/bin/sh", "-c", 'hostname "$1" && exec slurmd -f "$2" -N "$1"', "sh", node,
+                    cluster.conf], env=cluster.env(), check=True, timeout=60)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        jobs = cluster.run(["squeue", "-h"], cwd=Path("/")).stdout.strip()
+        states = cluster.run(["sinfo", "-h", "-N", "-o", "%T"], cwd=Path("/")).stdout.split()
+        if not jobs and states and all(state == "idle" for state in states):
+            return
+        time.sleep(1)
+    pytest.fail(f"the cluster is not idle 180 s after {node}'s slurmd was restarted: {jobs} {states}")
+
+
+def test_elastic_training_finishes_on_one_node_when_the_other_dies(slurm_cluster, tmp_path):
+    """``jobs/train-elastic.sbatch`` on 2 nodes x 2 tasks. In epoch 3 of 10 the second node dies: its
+    slurmd, its job step's slurmstepd and its two ranks are killed. The supervisor finds that
+    node's ranks without a heartbeat, relaunches on the first node alone (srun --exclude) from
+    the newest checkpoint, and the job succeeds there; the report names the node and its ranks."""
+    args = ["--hidden", "32", "--batch-size", "16", "--progress", "lines", "--epochs", "10", "--straggler", "0:100",
+            "--checkpoint-every", "10", "--min-ranks", "2"]
+    command = ["sbatch", "--parsable", "--wait", "--ntasks-per-node=2", str(JOBS / "train-elastic.sbatch"), *args]
+    env = slurm_cluster.env(MPIR_CVAR_ENABLE_HEAVY_YIELD="1", ALLREDUCE_KIT_ELASTIC_TIMEOUT="5")
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed: List[str] = []
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while not killed:
+            logs = list(tmp_path.glob("runs/train-*/train.log"))
+            if logs and " 3/10  loss" in logs[0].read_text():
+                killed = kill_node(NODE)
+            else:
+                assert proc.poll() is None, f"the job ended before it could be hit:\n{slurm_log(tmp_path, '')}"
+                assert time.monotonic() < deadline, "training did not reach epoch 3 in time"
+                time.sleep(0.2)
+        stdout, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, _ = proc.communicate()
+        pytest.fail(f"the elastic job did not end within {JOB_TIMEOUT} s")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        restart_node(slurm_cluster, NODE)
+    assert "slurmd" in killed and "slurmstepd" in killed and killed.count("python") == 2, killed
+    job_id = stdout.split(";")[0].strip()
+    job = Job(name="train-elastic.sbatch", cwd=tmp_path, tasks=2, job_id=job_id, returncode=proc.returncode,
+              slurm_out=slurm_log(tmp_path, job_id))
+    run = job.expect_success("train")
+    out = job.slurm_out
+    assert f"[elastic] node {NODE} (ranks 2, 3) lost after step" in out, out
+    assert f"relaunching on 2 ranks, without node {NODE}: " in out and f"--exclude={NODE}" in out, out
+    assert "replicas bitwise identical on all 2 ranks: yes" in out, out
+    results = json.loads((run / "results.json").read_text())
+    assert results["ranks"] == 2 and [e["epoch"] for e in results["epochs"]] == list(range(1, 11))
+    assert {row["host"] for row in results["straggler"]["ranks"]} == {"allreduce-node-1"}
+    (loss,) = results["elastic"]["losses"]
+    assert loss["nodes_lost"] == [NODE] and loss["lost_ranks"] == [2, 3]
+    assert loss["ranks_before"] == 4 and loss["ranks_after"] == 2
+    assert 0 <= loss["steps_redone"] <= 10 and loss["step"] == loss["resumed_from"] + loss["steps_redone"]
+    assert 0 < loss["recovery_seconds"] < JOB_TIMEOUT
+    print(f"\n[node lost] {[line for line in out.splitlines() if 'lost after step' in line][-1]}", end=" ")
+    assert not list((run / "checkpoints").glob(".elastic-*")), "the supervisor's directory is removed at the end"

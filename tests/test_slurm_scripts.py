@@ -33,11 +33,13 @@ PROGRAMS = {
     "train-multinode.sbatch": ("train", [], "steps.png"),
     "bench.sbatch": ("bench", ["--csv", "results.csv"], "busbw.png"),
 }
+#: scripts that run the elastic supervisor, which starts the ranks itself (with srun)
+SUPERVISED = {"train-elastic.sbatch"}
 RESOURCES = ("nodes", "ntasks-per-node", "cpus-per-task", "time", "job-name", "output")
 
 
 def test_every_script_is_described_here():
-    assert {p.name for p in SCRIPTS} == set(PROGRAMS)
+    assert {p.name for p in SCRIPTS} == set(PROGRAMS) | SUPERVISED
 
 
 # -- bash and shellcheck -----------------------------------------------------------------------
@@ -125,6 +127,7 @@ SHOWN_AS = {
     "signal": lambda value: value.split("@")[0],      # B:USR1@60 -> B:USR1 (the time is not shown)
     "open-mode": lambda value: value[:1],             # append -> a
     "requeue": lambda value: value or "requeue",      # a flag
+    "no-kill": lambda value: value or "set",           # a flag
 }
 
 
@@ -179,6 +182,7 @@ RECORD = r'''#!/bin/bash
 name=$(basename "$0")
 printf '%s\0' "$0" "$@" > "$STUB_RECORD/$name.args"
 printf '%s\0' "${OMP_NUM_THREADS-unset}" "${NUMBA_NUM_THREADS-unset}" > "$STUB_RECORD/$name.env"
+printf '%s\0' "${SLURM_MPI_TYPE-unset}" "${SRUN_CPUS_PER_TASK-unset}" > "$STUB_RECORD/$name.srun"
 '''
 LAUNCHER = RECORD + r'''# Starts the command that follows its own options (as srun and mpiexec do).
 while [[ $# -gt 0 && $1 != python* ]]; do shift; done
@@ -243,6 +247,10 @@ class Job:
 
     def threads(self, stub: str) -> List[str]:
         return (self.record / f"{stub}.env").read_text().split("\0")[:-1]
+
+    def srun_settings(self, stub: str) -> List[str]:
+        """SLURM_MPI_TYPE and SRUN_CPUS_PER_TASK as ``stub`` saw them."""
+        return (self.record / f"{stub}.srun").read_text().split("\0")[:-1]
 
 
 @pytest.fixture
@@ -360,5 +368,58 @@ def test_a_warning_signal_reaches_the_ranks_and_a_stopped_run_is_requeued_then_r
     again = job.run("train.sbatch", ["--epochs", "3"], SLURM_RESTART_COUNT="1")
     assert again.returncode == 0, again.stdout + again.stderr
     assert job.called("python")[1:] == [*expected_program_args("train.sbatch", out_dir), "--resume", "--epochs", "3"]
+    assert not job.called("scontrol")
+    assert "restart 1 of job 4242: resuming" in (out_dir / "train.log").read_text()
+
+
+# -- the elastic job: the supervisor runs in the batch script and starts the ranks itself ---------
+def elastic_args(out: Path, tasks: str = "6") -> List[str]:
+    return ["-m", "allreduce_kit.train", "--elastic", "-n", tasks, "--launcher", "srun", "--json",
+            str(out / "results.json"), "--plot", str(out / "steps.png"), "--checkpoint-dir", str(out / "checkpoints")]
+
+
+def test_the_elastic_job_runs_the_supervisor_with_srun_settings_for_its_launches(job):
+    """The supervisor runs in the batch script (no launcher around it), for the job's task count;
+    the srun it runs for each launch gets PMI-2 and the task's CPUs from the environment."""
+    result = job.run("train-elastic.sbatch", ["--min-ranks", "3", "two words"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = job.submit / "runs" / "train-4242"
+    assert job.called("python") == [str(job.venv / "bin" / "python"), *elastic_args(out), "--min-ranks", "3",
+                                    "two words"]
+    assert not job.called("srun") and not job.called("mpiexec"), "the supervisor starts the ranks itself"
+    assert job.threads("python") == ["2", "2"]
+    assert job.srun_settings("python") == ["pmi2", "2"]
+    log = (out / "train.log").read_text()
+    assert "stub program output" in log and "allreduce_kit.train exited with status 0" in log
+    assert "+ python -m allreduce_kit.train --elastic -n 6 --launcher srun" in log
+
+
+def test_a_warning_signal_reaches_the_supervisor_and_a_stopped_elastic_run_is_requeued_then_resumed(job):
+    _executable(job.submit.parent / "stubs" / "scontrol", RECORD)
+    proc = subprocess.Popen(["bash", str(REPO / "jobs" / "train-elastic.sbatch")], cwd=job.submit,
+                            env={**job.env, "STUB_WAIT_USR1": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not job.called("python"):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGUSR1)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 75, out + err
+    assert "stub got SIGUSR1" in out
+    assert job.called("scontrol")[1:] == ["requeue", "4242"]
+    out_dir = job.submit / "runs" / "train-4242"
+    (out_dir / "checkpoints" / "checkpoint-000000040.npz").parent.mkdir(parents=True, exist_ok=True)
+    (out_dir / "checkpoints" / "checkpoint-000000040.npz").write_bytes(b"")
+    (job.record / "scontrol.args").unlink()
+    again = job.run("train-elastic.sbatch", SLURM_RESTART_COUNT="1")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert job.called("python")[1:] == [*elastic_args(out_dir), "--resume"]
     assert not job.called("scontrol")
     assert "restart 1 of job 4242: resuming" in (out_dir / "train.log").read_text()

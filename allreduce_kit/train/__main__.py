@@ -202,7 +202,7 @@ def _problems(args, ranks: int) -> Optional[str]:
         return f"argument --test-fraction: must be < 1, got {args.test_fraction}"
     if args.straggler and args.straggler[0] >= ranks:
         return f"argument --straggler: rank {args.straggler[0]} does not exist in a job of {plural(ranks, 'rank')} (0..{ranks - 1})"
-    for name in ("elastic", "ranks", "min_ranks", "mpiexec"):   # the supervisor takes these before MPI starts
+    for name in ("elastic", "ranks", "min_ranks", "mpiexec", "launcher"):   # the supervisor takes these before MPI starts
         if getattr(args, name) not in (None, False):
             return f"argument --{name.replace('_', '-')}: only for the supervisor, python -m allreduce_kit.train --elastic -n P (one process, not under mpirun)"
     if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:

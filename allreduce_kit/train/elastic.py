@@ -31,7 +31,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import config
@@ -44,11 +44,12 @@ FAILED = 1
 STOPPED = 75
 DEFAULT_CHECKPOINT_EVERY = 20
 PROG = "python -m allreduce_kit.train --elastic"
+LAUNCHERS = ("mpiexec", "srun")
 
 
 @dataclass
 class Loss:
-    """One rank lost and the recovery from it."""
+    """One loss (a rank, or the ranks of a node) and the recovery from it."""
     rank: Optional[int]
     pid: Optional[int]
     host: str
@@ -60,10 +61,19 @@ class Loss:
     steps_redone: Optional[int] = None
     recovery_seconds: Optional[float] = None   # from the death (or the job's end) to the first step after it
     died_at: float = 0.0
+    lost_ranks: List[int] = field(default_factory=list)   # every rank lost, where known
+    nodes_lost: List[str] = field(default_factory=list)   # hosts all of whose ranks were lost (left out after)
 
     def line(self) -> str:
-        who = f"rank {self.rank}" if self.rank is not None else "a rank"
-        where = f" (pid {self.pid} on {self.host})" if self.pid is not None else ""
+        ranks = ", ".join(map(str, self.lost_ranks))
+        if self.nodes_lost:
+            plural = "s" if len(self.lost_ranks) != 1 else ""
+            who, where = f"node {', '.join(self.nodes_lost)}", f" (rank{plural} {ranks})" if ranks else ""
+        elif len(self.lost_ranks) > 1:
+            who, where = f"ranks {ranks}", f" (on {self.host})"
+        else:
+            who = f"rank {self.rank}" if self.rank is not None else "a rank"
+            where = f" (pid {self.pid} on {self.host})" if self.pid is not None else ""
         head = (f"{who}{where} lost after step {self.step}, {self.how}; "
                 f"{self.ranks_before} -> {self.ranks_after} ranks")
         if self.recovery_seconds is None:
@@ -92,9 +102,17 @@ def report_in(trainer) -> Optional[callable]:
         return None
     rank = trainer.comm.Get_rank()
     mine = os.path.join(directory, f"rank-{rank}")
-    _write(mine, f"{os.getpid()} {socket.gethostname()}\n")
+    # Under srun, the job step too: the supervisor cancels it when a node is lost.
+    step = (f" {os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}"
+            if os.environ.get("SLURM_JOB_ID") and os.environ.get("SLURM_STEP_ID") else "")
+    _write(mine, f"{os.getpid()} {socket.gethostname()}{step}\n")
     # A rank that ends by itself says so: one that vanishes without this died (or was killed).
     atexit.register(_write, mine + EXITED, "")
+    # A rank on another host than the supervisor's cannot be watched as a process: it shows it is
+    # alive by a count that a thread of its own advances, whatever the training does meanwhile.
+    if config.read(config.ELASTIC_TIMEOUT) > 0:
+        threading.Thread(target=_beat, args=(mine + BEAT, _beat_period()), name="allreduce_kit-heartbeat",
+                         daemon=True).start()
     if rank != 0:
         return None
     fd = os.open(os.path.join(directory, "progress"), os.O_WRONLY | os.O_CREAT, 0o644)
@@ -103,6 +121,24 @@ def report_in(trainer) -> Optional[callable]:
         os.pwrite(fd, f"{trainer.step:012d}\n".encode(), 0)
     progress(0)
     return progress
+
+
+BEAT = ".beat"
+
+
+def _beat_period() -> float:
+    return max(0.05, config.read(config.ELASTIC_TIMEOUT) / 10)
+
+
+def _beat(path: str, period: float) -> None:
+    count = 0
+    while True:
+        count += 1
+        try:
+            _write(path, f"{count}\n")
+        except OSError:
+            pass
+        time.sleep(period)
 
 
 def _write(path: str, text: str) -> None:
@@ -124,6 +160,9 @@ def add_arguments(parser) -> None:
                    help="--elastic: give up (status 1) when fewer than M ranks would be left (default 1)")
     g.add_argument("--mpiexec", default=None, metavar="PATH",
                    help="--elastic: the MPI launcher (default: the mpiexec beside this Python, else on PATH)")
+    g.add_argument("--launcher", choices=LAUNCHERS, default=None,
+                   help="--elastic: start the ranks with mpiexec (default), or with srun inside a Slurm allocation, "
+                        "leaving a dead node out of every relaunch")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -132,6 +171,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--ranks", type=int)
     p.add_argument("--min-ranks", type=int, default=1)
     p.add_argument("--mpiexec", default=None)
+    p.add_argument("--launcher", choices=LAUNCHERS, default="mpiexec")
     return p
 
 
@@ -174,17 +214,61 @@ def usable_checkpoint(directory: str) -> Tuple[Optional[int], List[str]]:
 
 HYDRA_DEATH = re.compile(r"BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\s*=\s*PID (\d+) RUNNING AT (\S+)")
 HYDRA_SIGNAL = re.compile(r"EXIT STRING: .*\(signal (\d+)\)")
+#: srun's word for a node whose slurmd does not answer (it died, alone or with the node).
+SRUN_REFUSED = re.compile(r"Task launch for \S+ failed on node ([^\s:]+)")
+REFUSED = "its slurmd did not start the job step there"
+
+
+class Heartbeats:
+    """The ranks on other hosts than the supervisor's, watched by their heartbeats (``report_in``)."""
+
+    def __init__(self, report: str, timeout: float):
+        self.report, self.timeout, self.here = report, timeout, socket.gethostname()
+        self.period = max(0.05, timeout / 10)
+        self.seen: Dict[int, Tuple[str, float]] = {}   # rank -> (its count, when it last changed, our clock)
+        self.due = 0.0
+
+    def silent(self) -> Tuple[Dict[int, Tuple[int, str]], float]:
+        """pid -> (rank, host) of the ranks elsewhere whose count has not changed for the timeout (looked
+        at once a period), and when the last of them beat; ({}, 0) while none has gone silent. The
+        other ranks of a dead node, which stopped at the same moment, are counted with it when they
+        have been silent for all but two periods of the timeout."""
+        now = time.monotonic()
+        if self.timeout <= 0 or now < self.due:
+            return {}, 0.0
+        self.due = now + self.period
+        ranks = {pid: entry for pid, entry in _registry(self.report).items() if entry[1] != self.here}
+        for pid, (rank, host) in ranks.items():
+            try:
+                with open(os.path.join(self.report, f"rank-{rank}{BEAT}")) as f:
+                    count = f.read()
+            except OSError:
+                count = ""
+            if rank not in self.seen or self.seen[rank][0] != count:
+                self.seen[rank] = (count, now)
+        if not any(now - self.seen[rank][1] > self.timeout for rank, _ in ranks.values()):
+            return {}, 0.0
+        found = {pid: (rank, host) for pid, (rank, host) in ranks.items()
+                 if now - self.seen[rank][1] > self.timeout - 2 * self.period}
+        return found, max(self.seen[rank][1] for rank, _ in found.values())
 
 
 class Job:
-    """One launch: ``mpiexec -n P python -m allreduce_kit.train ...``, its output passed through and kept."""
+    """One launch: ``mpiexec -n P python -m allreduce_kit.train ...`` (or ``srun``), its output passed
+    through and kept."""
 
-    def __init__(self, command: List[str], env: Dict[str, str]):
+    def __init__(self, command: List[str], env: Dict[str, str], srun: bool = False):
         self.proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      stdin=subprocess.DEVNULL, text=True, errors="replace")
+        self.srun = srun
         self.text: List[str] = []
         #: (pid or None, when, rank 0's last step) of the first rank seen dead on this host.
         self.first_dead: Optional[Tuple[Optional[int], float, Optional[int]]] = None
+        #: pid -> (rank, host) of the ranks on other hosts that went silent; when the last of them
+        #: beat; rank 0's last step then.
+        self.silent: Dict[int, Tuple[int, str]] = {}
+        self.silent_since, self.silent_step = 0.0, None
+        self.cancel: Optional[subprocess.Popen] = None
         self.readers = [threading.Thread(target=self._pass, args=(src, dst), daemon=True)
                         for src, dst in ((self.proc.stdout, sys.stdout), (self.proc.stderr, sys.stderr))]
         for reader in self.readers:
@@ -196,14 +280,16 @@ class Job:
             dst.write(line)
             dst.flush()
 
-    def watch(self, report: str, loss: Optional["Loss"]) -> Optional[int]:
+    def watch(self, report: str, loss: Optional["Loss"], timeout: float = 0.0) -> Optional[int]:
         """Until the job ends, look every 10 ms at the ranks on this host: the first found dead is the
-        one whose death ends the job (``mpiexec`` kills the others a little later). After a
+        one whose death ends the job (``mpiexec`` kills the others a little later); and at the
+        heartbeats of the ranks on other hosts (``timeout``: see ``Heartbeats``). After a
         relaunch (``loss``), also wait for the first step past the checkpoint and time the recovery.
         Returns the first step seen, or None if the job ended before it."""
         here, first = socket.gethostname(), None
         start = (loss.resumed_from or 0) if loss is not None else -1
-        while self.proc.poll() is None and self.first_dead is None:
+        beats = Heartbeats(report, timeout)
+        while self.proc.poll() is None and self.first_dead is None and not self.silent:
             step = _progress(report)
             if first is None and step is not None and step > start:
                 first = step
@@ -218,8 +304,11 @@ class Job:
                 self.first_dead = (dead[0], time.monotonic(), step)
             elif dead:                         # seen too late to tell which went first
                 self.first_dead = (None, time.monotonic(), step)
+            if self.first_dead is None:
+                self.silent, self.silent_since = beats.silent()
+                self.silent_step = step
             time.sleep(0.01)
-        if first is None and self.first_dead is None and loss is not None:
+        if first is None and self.first_dead is None and not self.silent and loss is not None:
             step = _progress(report)          # a job that ended between two looks may have made its first step
             if step is not None and step > start:
                 first = step
@@ -235,14 +324,25 @@ class Job:
         return status
 
     def end_survivors(self, report: str) -> None:
-        """After a rank's death: kill the ranks left on this host, then the launcher if it lingers."""
-        for pid in _registry(report):
+        """After a rank's death: kill the ranks left on this host; under srun, cancel the job step (its
+        ranks on other hosts); then end the launcher if it lingers (srun waits for an answer from
+        the tasks of a dead node until Slurm declares the node down)."""
+        here, steps = socket.gethostname(), set()
+        for pid, (_, host, step) in _entries(report).items():
+            if step:
+                steps.add(step)
+            if host != here:
+                continue
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+        if self.srun and steps:
+            self.cancel = subprocess.Popen(["scancel", "--quiet", "--signal=KILL", *sorted(steps)],
+                                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.DEVNULL)
         try:
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=3 if self.srun else 10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
 
@@ -281,16 +381,34 @@ EXITED = ".exited"
 
 def _registry(directory: str) -> Dict[int, Tuple[int, str]]:
     """pid -> (rank, host) of the ranks of the last launch that reported in and have not ended by themselves."""
+    return {pid: (rank, host) for pid, (rank, host, _) in _entries(directory).items()}
+
+
+def _entries(directory: str) -> Dict[int, Tuple[int, str, str]]:
+    """pid -> (rank, host, Slurm job step or "") of the ranks of ``_registry``."""
     found = {}
     names = set(os.listdir(directory))
     for name in names:
         if name.startswith("rank-") and name[5:].isdigit() and name + EXITED not in names:
             try:
-                pid, host = open(os.path.join(directory, name)).read().split()
-                found[int(pid)] = (int(name[5:]), host)
-            except (OSError, ValueError):
+                pid, host, *step = open(os.path.join(directory, name)).read().split()
+                found[int(pid)] = (int(name[5:]), host, step[0] if step else "")
+            except (OSError, ValueError, IndexError):
                 continue
     return found
+
+
+def _placement(directory: str) -> Dict[str, List[int]]:
+    """host -> the ranks of the last launch that reported in there (ended or not)."""
+    placed: Dict[str, List[int]] = {}
+    for name in sorted(os.listdir(directory)):
+        if name.startswith("rank-") and name[5:].isdigit():
+            try:
+                host = open(os.path.join(directory, name)).read().split()[1]
+            except (OSError, IndexError):
+                continue
+            placed.setdefault(host, []).append(int(name[5:]))
+    return {host: sorted(ranks) for host, ranks in placed.items()}
 
 
 def _progress(directory: str) -> Optional[int]:
@@ -312,29 +430,71 @@ def main(argv: Sequence[str]) -> int:
     directory = _value(rest, "--checkpoint-dir")
     if not directory:
         return _error("--elastic needs --checkpoint-dir (it resumes from the newest checkpoint there)")
-    mpiexec = known.mpiexec or next((p for p in (os.path.join(os.path.dirname(sys.executable), "mpiexec"),
-                                                 shutil.which("mpiexec")) if p and os.path.exists(p)), None)
-    if not mpiexec:
-        return _error("no mpiexec beside this Python or on PATH: give --mpiexec PATH")
+    try:
+        timeout = config.read(config.ELASTIC_TIMEOUT)
+    except ValueError as bad:
+        return _error(f"{config.ELASTIC_TIMEOUT.name}: {bad}")
+    nodes: List[str] = []
+    if known.launcher == "srun":
+        mpiexec = shutil.which("srun")
+        if not os.environ.get("SLURM_JOB_ID") or not mpiexec:
+            return _error("--launcher srun starts the ranks inside a Slurm allocation: run it in a batch script "
+                          "(sbatch) or under salloc")
+        nodes = _allocation()
+        if not nodes:
+            return _error("--launcher srun: cannot read the allocation's nodes (SLURM_JOB_NODELIST, scontrol)")
+    else:
+        mpiexec = known.mpiexec or next((p for p in (os.path.join(os.path.dirname(sys.executable), "mpiexec"),
+                                                     shutil.which("mpiexec")) if p and os.path.exists(p)), None)
+        if not mpiexec:
+            return _error("no mpiexec beside this Python or on PATH: give --mpiexec PATH")
     if _value(rest, "--checkpoint-every") is None:
         rest += ["--checkpoint-every", str(DEFAULT_CHECKPOINT_EVERY)]
     json_path = _value(rest, "--json")
-    report = tempfile.mkdtemp(prefix="allreduce_kit-elastic-")
+    # Where the ranks report in: beside the checkpoints, which every rank's host must see anyway.
+    try:
+        os.makedirs(directory, exist_ok=True)
+        report = os.path.abspath(tempfile.mkdtemp(prefix=".elastic-", dir=directory))
+    except OSError as bad:
+        return _error(f"argument --checkpoint-dir: cannot create {directory}: {bad.strerror}")
     env = dict(os.environ, **{config.ELASTIC_DIR.name: report})
     try:
-        return _supervise(known, rest, directory, mpiexec, report, env, json_path)
+        return _supervise(known, rest, directory, mpiexec, report, env, json_path, timeout, nodes)
     finally:
         shutil.rmtree(report, ignore_errors=True)
 
 
+def _allocation() -> List[str]:
+    """The host names of the Slurm allocation this runs in ([] if they cannot be read)."""
+    listed = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
+    try:
+        names = subprocess.run(["scontrol", "show", "hostnames", listed], capture_output=True, text=True,
+                               timeout=60).stdout.split() if listed else []
+    except (OSError, subprocess.TimeoutExpired):
+        names = []
+    return names
+
+
+def _srun(srun: str, ranks: int, nodes: List[str], excluded: List[str]) -> List[str]:
+    """srun's options for a launch of ``ranks`` on the allocation's nodes less ``excluded``. A task of a
+    step lost with its node stays in Slurm's books until Slurm declares the node down: --overlap
+    lets the relaunch use the CPUs that step still holds on the live nodes."""
+    live = [n for n in nodes if n not in excluded]
+    return [srun, "--kill-on-bad-exit=0", "--overlap", f"--nodes={min(len(live), ranks)}", f"--ntasks={ranks}",
+            *([f"--exclude={','.join(excluded)}"] if excluded else [])]
+
+
 def _supervise(known, rest: List[str], directory: str, mpiexec: str, report: str, env: Dict[str, str],
-               json_path: Optional[str]) -> int:
-    ranks, losses = known.ranks, []
+               json_path: Optional[str], timeout: float = 0.0, nodes: Sequence[str] = ()) -> int:
+    ranks, losses, excluded = known.ranks, [], []
+    srun = known.launcher == "srun"
     # MPICH's mpiexec ends every rank when one dies, so fast that which died first cannot be seen;
     # without it the survivors wait (in a collective, on the dead rank) until the supervisor, which
-    # has seen which rank is gone, ends them.
-    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=60).stdout
-    cleanup = ["-disable-auto-cleanup"] if "HYDRA" in version else []
+    # has seen which rank is gone, ends them. srun is told so with --kill-on-bad-exit=0.
+    cleanup = []
+    if not srun:
+        version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=60).stdout
+        cleanup = ["-disable-auto-cleanup"] if "HYDRA" in version else []
     resume = "--resume" in rest
     rest = [a for a in rest if a != "--resume"]
     job: Optional[Job] = None
@@ -347,38 +507,55 @@ def _supervise(known, rest: List[str], directory: str, mpiexec: str, report: str
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1)}
     try:
         while True:
+            placed = _placement(report)        # host -> the ranks of the launch before
             for name in os.listdir(report):
                 os.unlink(os.path.join(report, name))
-            command = [mpiexec, *cleanup, "-n", str(ranks), sys.executable, "-m", "allreduce_kit.train", *rest,
+            launcher = _srun(mpiexec, ranks, list(nodes), excluded) if srun else [mpiexec, *cleanup, "-n", str(ranks)]
+            command = [*launcher, sys.executable, "-m", "allreduce_kit.train", *rest,
                        *(["--resume"] if resume else [])]
             if losses:
-                _say(f"relaunching on {ranks} ranks: {' '.join(command)}")
-            job = Job(command, env)
-            first_step = job.watch(report, losses[-1] if losses else None)
-            if job.first_dead is not None:
+                plural = "s" if len(excluded) != 1 else ""
+                left_out = f", without node{plural} {', '.join(excluded)}" if excluded else ""
+                _say(f"relaunching on {ranks} ranks{left_out}: {' '.join(command)}")
+            job = Job(command, env, srun=srun)
+            first_step = job.watch(report, losses[-1] if losses else None, timeout)
+            if job.first_dead is not None or job.silent:
                 job.end_survivors(report)
             status = job.wait()
-            ended = job.first_dead[1] if job.first_dead else time.monotonic()
-            if status == 0 or stopping or status == STOPPED:
+            ended = job.first_dead[1] if job.first_dead else job.silent_since if job.silent else time.monotonic()
+            if stopping or status == STOPPED or (status == 0 and not job.silent):
                 return _finish(status, losses, json_path)
-            dead = job.dead()
-            if dead is not None and ("; aborting the job" in "".join(job.text) or "Aborting the job." in "".join(job.text)):
-                dead = None                    # a rank ended the job on an error: running it again would repeat it
-            if dead is None:
-                _say(f"the job ended with status {status} and no rank was killed: not relaunched")
-                return _finish(status, losses, json_path)
-            pid, host, how = dead
-            rank, _ = _registry(report).get(pid, (None, host)) if pid is not None else (None, host)
-            last = job.first_dead[2] if job.first_dead and job.first_dead[2] is not None else _progress(report)
-            loss = Loss(rank, pid, host, how, last, ranks, ranks - 1)
-            if losses and first_step is None:
+            if job.silent:
+                loss = _silent_loss(job, report, ranks, timeout)
+            else:
+                dead = job.dead()
+                text = "".join(job.text)
+                if dead is not None and ("; aborting the job" in text or "Aborting the job." in text):
+                    dead = None                    # a rank ended the job on an error: running it again would repeat it
+                refused = [n for n in SRUN_REFUSED.findall(text) if n not in excluded] if srun else []
+                if dead is None and refused and first_step is None:
+                    # A node whose slurmd is gone: leave it out too, with the ranks it held before.
+                    host = refused[0]
+                    step = losses[-1].resumed_from if losses else _progress(report)
+                    held = placed.get(host, [])
+                    loss = Loss(None, None, host, REFUSED, step, ranks, ranks - len(held), lost_ranks=held,
+                                nodes_lost=[host])
+                elif dead is None:
+                    _say(f"the job ended with status {status} and no rank was killed: not relaunched")
+                    return _finish(status, losses, json_path)
+                else:
+                    pid, host, how = dead
+                    rank, _ = _registry(report).get(pid, (None, host)) if pid is not None else (None, host)
+                    last = job.first_dead[2] if job.first_dead and job.first_dead[2] is not None else _progress(report)
+                    loss = Loss(rank, pid, host, how, last, ranks, ranks - 1, lost_ranks=[] if rank is None else [rank])
+            if losses and first_step is None and loss.how != REFUSED:
                 _say(f"recovery failed: {loss.line()}, before the relaunched job's first step")
                 return _finish(FAILED, losses + [loss], json_path)
             losses.append(loss)
             _say(loss.line())
-            if ranks - 1 < known.min_ranks:
-                _say(f"recovery failed: {ranks - 1} rank{'s' if ranks != 2 else ''} left, fewer than --min-ranks "
-                     f"{known.min_ranks}")
+            if loss.ranks_after < known.min_ranks:
+                _say(f"recovery failed: {loss.ranks_after} rank{'s' if loss.ranks_after != 1 else ''} left, fewer "
+                     f"than --min-ranks {known.min_ranks}")
                 return _finish(FAILED, losses, json_path)
             step, notes = usable_checkpoint(directory)
             for note in notes:
@@ -389,7 +566,9 @@ def _supervise(known, rest: List[str], directory: str, mpiexec: str, report: str
             loss.resumed_from, loss.steps_redone = step, (loss.step or 0) - (step or 0)
             loss.died_at = ended
             resume = step is not None
-            ranks -= 1
+            ranks = loss.ranks_after
+            if srun:
+                excluded += [n for n in loss.nodes_lost if n not in excluded]
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -398,9 +577,24 @@ def _supervise(known, rest: List[str], directory: str, mpiexec: str, report: str
             job.wait()
 
 
+def _silent_loss(job: Job, report: str, ranks: int, timeout: float) -> Loss:
+    """The loss of the ranks on other hosts that went silent; a host all of whose ranks did is a dead node."""
+    hosts: Dict[str, set] = {}
+    for pid, (_, host) in _registry(report).items():
+        hosts.setdefault(host, set()).add(pid)
+    silent = sorted(job.silent.items(), key=lambda item: item[1][0])
+    where = sorted({host for _, (_, host) in silent})
+    nodes = [host for host in where if hosts.get(host, set()) <= set(job.silent)]
+    pid, (rank, _) = silent[0]
+    return Loss(rank if len(silent) == 1 else None, pid if len(silent) == 1 else None, ", ".join(where),
+                f"no heartbeat for {timeout:g} s", job.silent_step, ranks, ranks - len(silent),
+                lost_ranks=[r for _, (r, _) in silent], nodes_lost=nodes)
+
+
 def _finish(status: int, losses: List[Loss], json_path: Optional[str]) -> int:
     if losses:
-        _say(f"{len(losses)} rank{'s' if len(losses) != 1 else ''} lost during the run:")
+        lost = sum(max(1, len(loss.lost_ranks)) for loss in losses)
+        _say(f"{lost} rank{'s' if lost != 1 else ''} lost during the run:")
         for loss in losses:
             _say("  " + loss.line())
     if json_path and status == 0 and os.path.isfile(json_path):
