@@ -35,7 +35,7 @@ import numpy as np
 from mpi4py import MPI
 from numba import njit
 
-from . import ALGORITHMS, direct, register
+from . import ALGORITHMS, direct, pipelined, register
 from .segments import bounds_array
 from .signature import mismatch
 from ..kernels import DTYPES
@@ -199,8 +199,11 @@ def allreduce(comm, buf, op):
         shard = buf[bounds[k]:bounds[k + 1]]
         if shard.size:
             owners = plan.owners[k]
-            flat = "recursive_doubling" if shard.nbytes <= SMALL_SHARD else "ring"
-            ALGORITHMS[flat](owners, shard, owners.reductions[op.base])
+            if shard.nbytes >= pipelined.MIN_BYTES:  # agreed above: stream it
+                pipelined.stream(owners, shard, owners.reductions[op.base])
+            else:
+                flat = "recursive_doubling" if shard.nbytes <= SMALL_SHARD else "ring"
+                ALGORITHMS[flat](owners, shard, owners.reductions[op.base])
             op.finish(shard)
     # 3. allgather inside the node
     if peers is not None:

@@ -21,7 +21,7 @@ The schedule is written twice, as a compiled direct loop and as messages: why, i
 """
 from numba import njit
 
-from . import direct, pieces, register
+from . import direct, pieces, pipelined, register
 from ..kernels import reduce as _loops
 from .segments import bounds_array, segment_pieces, segments
 from .signature import BAD, mismatch, sendrecv, tag as signature
@@ -71,6 +71,9 @@ def _direct(buf, bounds, state, piece, iov, code, divisor):
 def allreduce(comm, buf, op):
     p, rank = comm.nranks, comm.myrank
     if direct.run(_direct, comm, buf, op, bounds_array(buf.size, p), "ring"):
+        return
+    if pipelined.applies(comm, buf):  # across nodes: pieces stream through the ring
+        pipelined.allreduce(comm, buf, op)
         return
     right, left = (rank + 1) % p, (rank - 1) % p
     seg = segments(buf, p)
