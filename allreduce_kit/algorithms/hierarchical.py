@@ -199,11 +199,10 @@ def allreduce(comm, buf, op):
         shard = buf[bounds[k]:bounds[k + 1]]
         if shard.size:
             owners = plan.owners[k]
-            if shard.nbytes >= pipelined.MIN_BYTES:  # agreed above: stream it
+            if shard.nbytes > SMALL_SHARD:  # the ring, streamed (the buffers agreed above)
                 pipelined.stream(owners, shard, owners.reductions[op.base])
             else:
-                flat = "recursive_doubling" if shard.nbytes <= SMALL_SHARD else "ring"
-                ALGORITHMS[flat](owners, shard, owners.reductions[op.base])
+                ALGORITHMS["recursive_doubling"](owners, shard, owners.reductions[op.base])
             op.finish(shard)
     # 3. allgather inside the node
     if peers is not None:

@@ -25,8 +25,9 @@ the same ``ValueError`` if the lengths or dtypes differ (one small round over th
 beside the buffers this path is for). ``hierarchical``, which has agreed already, calls
 ``stream`` directly.
 
-``ring`` takes this path on a communicator that spans nodes, for buffers of at least
-``MIN_BYTES`` (docs/multinode.md).
+``ring`` takes this path on every communicator that spans nodes, whatever the length: a choice
+by length could differ between ranks whose lengths differ, and then some ranks would wait in the
+agreement and others in a message that never comes (docs/multinode.md).
 """
 from typing import List
 
@@ -45,14 +46,6 @@ MIN_PIECES = 8
 MIN_PIECE = 32 << 10
 #: Receives posted ahead of the one waited for, at most.
 WINDOW = 16
-#: ``ring`` streams buffers of at least this many bytes across nodes; below, the per-message
-#: cost outweighs what overlapping the steps saves.
-MIN_BYTES = 1 << 20
-
-
-def applies(comm, buf: np.ndarray) -> bool:
-    """Whether ``ring`` streams ``buf`` on ``comm``: across nodes, from ``MIN_BYTES``."""
-    return buf.nbytes >= MIN_BYTES and not comm.layout.single_node
 
 
 def piece_count(segment_bytes: int) -> int:

@@ -12,7 +12,10 @@ Two ways to move the segments, the same steps and the same bits either way:
   segment straight out of the left neighbour's buffer, folding it in cache-sized pieces, once
   the neighbour's counter says it has finished the step before (``_direct``);
 - otherwise by messages, ``Sendrecv`` to the right and from the left; large reduce-scatter
-  steps go in cache-sized pieces when every rank has a core (``pieces.py``).
+  steps go in cache-sized pieces when every rank has a core (``pieces.py``);
+- on a communicator that spans nodes, by messages as a stream of pieces, several in flight, each
+  forwarded as soon as it has arrived, so that the links between nodes never wait for a step to
+  end (``pipelined.py``).
 
 Either way a buffer whose length or dtype differs between ranks raises ``ValueError`` on every
 rank (``signature.py``).
@@ -72,7 +75,7 @@ def allreduce(comm, buf, op):
     p, rank = comm.nranks, comm.myrank
     if direct.run(_direct, comm, buf, op, bounds_array(buf.size, p), "ring"):
         return
-    if pipelined.applies(comm, buf):  # across nodes: pieces stream through the ring
+    if not comm.layout.single_node:  # across nodes: pieces stream through the ring
         pipelined.allreduce(comm, buf, op)
         return
     right, left = (rank + 1) % p, (rank - 1) % p
