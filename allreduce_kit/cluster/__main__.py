@@ -105,7 +105,8 @@ def show(state: State) -> None:
     print(f"cluster: {len(state.nodes)} node(s) on bridge {BRIDGE}, each link {link.describe(state.link_bits)} "
           f"each way (tc tbf)")
     for node in state.nodes:
-        print(f"  {node.host:8s} {node.address:14s} pid {node.pid}")
+        cores = ",".join(map(str, node.cores)) or "all"
+        print(f"  {node.host:8s} {node.address:14s} pid {node.pid:<8d} cores {cores}")
     if state.measured:
         parts = [f"{name}: {link.describe(int(bits))} ({100 * bits / state.link_bits:.0f}%)"
                  for name, bits in state.measured.items()]
