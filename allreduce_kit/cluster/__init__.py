@@ -14,7 +14,7 @@
   (``taskset``), so a node's ranks see the cores a host of their own would have, and the
   toolkit's "more ranks than cores" (yielding instead of spinning while waiting) is decided from
   what the node really has. Nodes get disjoint cores while there are enough; beyond that, nodes
-  share cores, dealt in turn.
+  share cores, dealt in turn (``up --all-cores``: every node on all of them).
 
 Only with all of that is a node a separate host to MPI and to the toolkit: with the network
 alone separated, ranks of two "nodes" still read each other's memory (``process_vm_readv``) and
@@ -185,9 +185,9 @@ def _start_node(host: str, hosts_file: Path) -> int:
     return int(children[0])
 
 
-def up(nodes: int, rate: str) -> State:
+def up(nodes: int, rate: str, all_cores: bool = False) -> State:
     """Make a cluster of ``nodes`` isolated nodes, each link shaped to ``rate`` both ways and each
-    node on its share of this machine's cores (``share_cores``)."""
+    node on its share of this machine's cores (``share_cores``), or on all of them."""
     if not 1 <= nodes <= MAX_NODES:
         raise ValueError(f"--nodes must be between 1 and {MAX_NODES}, got {nodes}")
     bits = link.parse_rate(rate)
@@ -204,7 +204,7 @@ def up(nodes: int, rate: str) -> State:
     enter.write_text(ENTER_SCRIPT % {"dir": STATE_DIR, "all": ",".join(map(str, machine))})
     enter.chmod(0o755)
     state = State([], bits, rate)
-    shares = share_cores(nodes, machine)
+    shares = [[] for _ in range(nodes)] if all_cores else share_cores(nodes, machine)
     try:
         _run(["ip", "link", "add", BRIDGE, "type", "bridge"])
         _run(["ip", "addr", "add", f"{BRIDGE_ADDRESS}/24", "dev", BRIDGE])
