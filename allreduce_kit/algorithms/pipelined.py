@@ -11,7 +11,7 @@ runs as a stream of pieces. Each segment is cut into ``m`` pieces; unit ``i = kÂ
 
 - keeps up to ``window`` receives posted ahead of the one it waits for (the pieces of the
   reduce-scatter land in a ring of scratch slots, those of the allgather straight in the
-  buffer);
+  buffer, once the reduce-scatter piece sent from the same place has left);
 - sends unit ``i`` as soon as unit ``i - m`` has arrived (and been folded in): that is the piece
   it forwards. The first step's pieces go at once.
 
