@@ -10,11 +10,12 @@
   --mount-proc``: its own host name, process IDs, System V IPC, a fresh tmpfs on ``/dev/shm``
   and an ``/etc/hosts`` naming every node. A command runs on the node by entering all of that
   process's namespaces (``nsenter -t PID -a``);
-- its share of the machine's cores (``cores``): every command on the node runs bound to them
-  (``taskset``), so a node's ranks see the cores a host of their own would have, and the
-  toolkit's "more ranks than cores" (yielding instead of spinning while waiting) is decided from
-  what the node really has. Nodes get disjoint cores while there are enough; beyond that, nodes
-  share cores, dealt in turn (``up --all-cores``: every node on all of them).
+- with ``up --own-cores``, its share of the machine's cores (``cores``): every command on the
+  node runs bound to them (``taskset``), so a node's ranks see the cores a host of their own
+  would have, and the toolkit's "more ranks than cores" (yielding instead of spinning while
+  waiting) is decided from what the node really has. Nodes get disjoint cores while there are
+  enough; beyond that, nodes share cores, dealt in turn. By default every node runs on all of
+  the machine's cores.
 
 Only with all of that is a node a separate host to MPI and to the toolkit: with the network
 alone separated, ranks of two "nodes" still read each other's memory (``process_vm_readv``) and
@@ -185,9 +186,9 @@ def _start_node(host: str, hosts_file: Path) -> int:
     return int(children[0])
 
 
-def up(nodes: int, rate: str, all_cores: bool = False) -> State:
-    """Make a cluster of ``nodes`` isolated nodes, each link shaped to ``rate`` both ways and each
-    node on its share of this machine's cores (``share_cores``), or on all of them."""
+def up(nodes: int, rate: str, own_cores: bool = False) -> State:
+    """Make a cluster of ``nodes`` isolated nodes, each link shaped to ``rate`` both ways, each
+    node on all of this machine's cores or (``own_cores``) on its share of them (``share_cores``)."""
     if not 1 <= nodes <= MAX_NODES:
         raise ValueError(f"--nodes must be between 1 and {MAX_NODES}, got {nodes}")
     bits = link.parse_rate(rate)
@@ -204,7 +205,7 @@ def up(nodes: int, rate: str, all_cores: bool = False) -> State:
     enter.write_text(ENTER_SCRIPT % {"dir": STATE_DIR, "all": ",".join(map(str, machine))})
     enter.chmod(0o755)
     state = State([], bits, rate)
-    shares = [[] for _ in range(nodes)] if all_cores else share_cores(nodes, machine)
+    shares = share_cores(nodes, machine) if own_cores else [[] for _ in range(nodes)]
     try:
         _run(["ip", "link", "add", BRIDGE, "type", "bridge"])
         _run(["ip", "addr", "add", f"{BRIDGE_ADDRESS}/24", "dev", BRIDGE])
