@@ -2,6 +2,7 @@
 
 One cluster of three nodes is made for the module and removed at the end. On it:
 
+- each node's commands run on the machine's cores (``up --own-cores``: its share of them);
 - the nodes are separate hosts: a direct read from a rank on another node fails, ``/dev/shm``
   is the node's own, the topology sees the nodes, the node-local paths are not taken across
   nodes (``cluster/isolation_check.py``);
@@ -106,6 +107,24 @@ def test_placements():
     assert cluster.hosts_argument(state, 5, "block", nodes=2) == "node1:3,node2:2"
     with pytest.raises(ValueError, match="add up"):
         cluster.hosts_argument(state, 8, "block", [3, 4])
+
+
+def test_cores_are_shared_out():
+    assert cluster.share_cores(2, [0, 1]) == [[0], [1]]
+    assert cluster.share_cores(3, range(8)) == [[0, 1], [2, 3, 4], [5, 6, 7]]
+    assert cluster.share_cores(1, [3, 1]) == [[1, 3]]
+    assert cluster.share_cores(5, [0, 1]) == [[0], [1], [0], [1], [0]]  # more nodes than cores: dealt in turn
+
+
+@needs_cluster
+def test_ranks_run_on_their_nodes_cores(nodes):
+    assert all(n.cores == [] for n in nodes.nodes)  # made without --own-cores: every node on all cores
+    machine = sorted(os.sched_getaffinity(0))
+    done = run("-n", str(NODES), "--placement", "round-robin", "--", PYTHON, "-c",
+               "import os, socket; print(socket.gethostname(), *sorted(os.sched_getaffinity(0)))", timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = {line.split()[0]: [int(c) for c in line.split()[1:]] for line in done.stdout.splitlines()}
+    assert seen == {n.host: machine for n in nodes.nodes}
 
 
 @needs_cluster

@@ -46,7 +46,8 @@ one that is first (``fold.py``), as MPICH does. On one node ``ring``, ``rabensei
 ``two_shot`` read (and ``two_shot`` writes) their peers' memory instead of sending messages
 (``direct.py``); by messages, ``ring``,
 ``rabenseifner`` and ``two_shot`` send large reduce-scatter steps in cache-sized pieces when every
-rank has a core (``pieces.py``);
+rank has a core (``pieces.py``); across nodes ``ring`` streams its pieces, several in flight
+(``pipelined.py``, which ``hierarchical`` uses between nodes too);
 ``recursive_doubling`` runs a small buffer's exchange loop in compiled code, calling MPI's C
 ``MPI_Sendrecv`` (``native.py``); ``shared_memory`` runs without a window on communicators
 that span nodes, as ``recursive_doubling`` or ``rabenseifner``. ``algorithm="auto"`` picks one

@@ -25,9 +25,11 @@ share a node, not the schedule.
 
 On a communicator whose ranks are all on one node there is no network to spare: the call runs
 what ``auto`` runs there (``selection.py``). Across nodes, one extra ``Allreduce`` of four
-integers before anything else makes every rank raise the same ``ValueError`` if the ranks'
-buffers differ in length or dtype (the cost of one small message's round trips over the
-network, small beside the large buffers this algorithm is for).
+integers makes every rank raise the same ``ValueError`` if the ranks' buffers differ in length or
+dtype: before anything is sent where step 1 goes by messages; started before step 1 and waited
+for after it where step 1 reads directly (which compares the buffers of the node before it
+reads any), so that its round trips over the network overlap the node's folding instead of
+adding to it.
 """
 from typing import List, Optional
 
@@ -35,7 +37,7 @@ import numpy as np
 from mpi4py import MPI
 from numba import njit
 
-from . import ALGORITHMS, direct, register
+from . import ALGORITHMS, direct, pipelined, register
 from .segments import bounds_array
 from .signature import mismatch
 from ..kernels import DTYPES
@@ -134,10 +136,21 @@ class Plan:
 
 def _agree(comm, plan: Plan, buf: np.ndarray) -> None:
     """Raise the same ``ValueError`` on every rank if the ranks' buffers differ."""
+    _agreed(comm, plan, buf, _start_agreeing(comm, plan, buf))
+
+
+def _start_agreeing(comm, plan: Plan, buf: np.ndarray) -> MPI.Request:
+    """Start the ``Allreduce`` that finds out whether the ranks' buffers differ (``_agreed`` ends it)."""
     sig = plan.signature
     sig[0], sig[1] = buf.size, DTYPES.index(buf.dtype)
     sig[2], sig[3] = -sig[0], -sig[1]
-    comm.Allreduce(MPI.IN_PLACE, sig, op=MPI.MAX)
+    return comm.Iallreduce(MPI.IN_PLACE, sig, op=MPI.MAX)
+
+
+def _agreed(comm, plan: Plan, buf: np.ndarray, request: MPI.Request) -> None:
+    """Wait for ``_start_agreeing``'s answer; the same ``ValueError`` on every rank if the buffers differ."""
+    request.Wait()
+    sig = plan.signature
     if sig[0] != buf.size or sig[1] != DTYPES.index(buf.dtype) or -sig[2] != buf.size or -sig[3] != sig[1]:
         raise mismatch(comm, buf, "hierarchical")
 
@@ -180,27 +193,32 @@ def allreduce(comm, buf, op):
         name = selection.choose_for(comm, buf.nbytes)
         ALGORITHMS["two_shot" if name == "hierarchical" else name](comm, buf, op)  # a tuning file may name it
         return
-    _agree(comm, plan, buf)
     node = plan.node
     bounds = bounds_array(buf.size, plan.shards)
     base = node.reductions[op.base]
     peers = direct.peers_for(node) if node.nranks > 1 and op.code is not None else None
     first = 0
-    # 1. reduce-scatter inside the node
-    if peers is not None:
+    # 1. reduce-scatter inside the node, while the ranks agree on their buffers across the nodes
+    if peers is not None:  # direct reads compare the node's buffers before touching any
+        agreeing = _start_agreeing(comm, plan, buf)
         first = _reduce_scatter(buf, bounds, peers.state, peers.piece(buf.dtype), peers.iov, op.code)
+        _agreed(comm, plan, buf, agreeing)  # a node whose buffers differ (first == -2) raises here
         if first < 0:
             raise RuntimeError(f"allreduce(algorithm='hierarchical'): reading a peer's buffer failed on rank "
                                f"{comm.myrank}; set {direct.ENV}=0 to use messages")
-    elif node.nranks > 1:
-        _reduce_scatter_messages(node, buf, bounds, base)
+    else:  # messages of different lengths must not be sent: agree first
+        _agree(comm, plan, buf)
+        if node.nranks > 1:
+            _reduce_scatter_messages(node, buf, bounds, base)
     # 2. allreduce of each owned shard with its owners on the other nodes
     for k in plan.mine:
         shard = buf[bounds[k]:bounds[k + 1]]
         if shard.size:
             owners = plan.owners[k]
-            flat = "recursive_doubling" if shard.nbytes <= SMALL_SHARD else "ring"
-            ALGORITHMS[flat](owners, shard, owners.reductions[op.base])
+            if shard.nbytes > SMALL_SHARD:  # the ring, streamed (the buffers agreed above)
+                pipelined.stream(owners, shard, owners.reductions[op.base])
+            else:
+                ALGORITHMS["recursive_doubling"](owners, shard, owners.reductions[op.base])
             op.finish(shard)
     # 3. allgather inside the node
     if peers is not None:

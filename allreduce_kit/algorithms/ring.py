@@ -12,7 +12,10 @@ Two ways to move the segments, the same steps and the same bits either way:
   segment straight out of the left neighbour's buffer, folding it in cache-sized pieces, once
   the neighbour's counter says it has finished the step before (``_direct``);
 - otherwise by messages, ``Sendrecv`` to the right and from the left; large reduce-scatter
-  steps go in cache-sized pieces when every rank has a core (``pieces.py``).
+  steps go in cache-sized pieces when every rank has a core (``pieces.py``);
+- on a communicator that spans nodes, by messages as a stream of pieces, several in flight, each
+  forwarded as soon as it has arrived, so that the links between nodes never wait for a step to
+  end (``pipelined.py``).
 
 Either way a buffer whose length or dtype differs between ranks raises ``ValueError`` on every
 rank (``signature.py``).
@@ -21,7 +24,7 @@ The schedule is written twice, as a compiled direct loop and as messages: why, i
 """
 from numba import njit
 
-from . import direct, pieces, register
+from . import direct, pieces, pipelined, register
 from ..kernels import reduce as _loops
 from .segments import bounds_array, segment_pieces, segments
 from .signature import BAD, mismatch, sendrecv, tag as signature
@@ -71,6 +74,9 @@ def _direct(buf, bounds, state, piece, iov, code, divisor):
 def allreduce(comm, buf, op):
     p, rank = comm.nranks, comm.myrank
     if direct.run(_direct, comm, buf, op, bounds_array(buf.size, p), "ring"):
+        return
+    if not comm.layout.single_node:  # across nodes: pieces stream through the ring
+        pipelined.allreduce(comm, buf, op)
         return
     right, left = (rank + 1) % p, (rank - 1) % p
     seg = segments(buf, p)

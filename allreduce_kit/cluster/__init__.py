@@ -9,7 +9,13 @@
 - a long-lived process in that namespace, started by ``unshare --pid --fork --uts --ipc --mount
   --mount-proc``: its own host name, process IDs, System V IPC, a fresh tmpfs on ``/dev/shm``
   and an ``/etc/hosts`` naming every node. A command runs on the node by entering all of that
-  process's namespaces (``nsenter -t PID -a``).
+  process's namespaces (``nsenter -t PID -a``);
+- with ``up --own-cores``, its share of the machine's cores (``cores``): every command on the
+  node runs bound to them (``taskset``), so a node's ranks see the cores a host of their own
+  would have, and the toolkit's "more ranks than cores" (yielding instead of spinning while
+  waiting) is decided from what the node really has. Nodes get disjoint cores while there are
+  enough; beyond that, nodes share cores, dealt in turn. By default every node runs on all of
+  the machine's cores.
 
 Only with all of that is a node a separate host to MPI and to the toolkit: with the network
 alone separated, ranks of two "nodes" still read each other's memory (``process_vm_readv``) and
@@ -87,6 +93,8 @@ class Node:
     address: str
     #: the process whose namespaces are the node (PID 1 inside it), as the host sees it
     pid: int
+    #: the machine's cores the node's commands run on (empty: all)
+    cores: List[int] = field(default_factory=list)
 
 
 @dataclass
@@ -127,8 +135,19 @@ def _run(command: Sequence[str], check: bool = True) -> subprocess.CompletedProc
 
 
 def on_node(node: Node, command: Sequence[str]) -> List[str]:
-    """``command`` run on ``node``: inside all of its namespaces."""
-    return ["nsenter", "-t", str(node.pid), "-a", "--", *command]
+    """``command`` run on ``node``: inside all of its namespaces, on its cores."""
+    bind = ["taskset", "-c", ",".join(map(str, node.cores))] if node.cores else []
+    return [*bind, "nsenter", "-t", str(node.pid), "-a", "--", *command]
+
+
+def share_cores(nodes: int, cores: Sequence[int]) -> List[List[int]]:
+    """Each node's cores: ``cores`` cut into ``nodes`` disjoint runs, as even as possible, while
+    there are at least as many cores as nodes; else one core each, dealt in turn."""
+    cores = sorted(cores)
+    if nodes <= len(cores):
+        cuts = [(i * len(cores)) // nodes for i in range(nodes + 1)]
+        return [cores[cuts[i]:cuts[i + 1]] for i in range(nodes)]
+    return [[cores[i % len(cores)]] for i in range(nodes)]
 
 
 #: What ``enter`` does with the arguments MPICH's ssh launcher gives it: ssh's options (skipped),
@@ -139,7 +158,8 @@ while [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do shift; done
 host=$1
 shift
 pid=$(cat "%(dir)s/$host.pid" 2>/dev/null) || { echo "no node $host in the cluster" >&2; exit 255; }
-exec nsenter -t "$pid" -a -- /bin/sh -c "cd '$PWD' 2>/dev/null; $*"
+cores=$(cat "%(dir)s/$host.cores" 2>/dev/null)
+exec taskset -c "${cores:-%(all)s}" nsenter -t "$pid" -a -- /bin/sh -c "cd '$PWD' 2>/dev/null; $*"
 """
 
 
@@ -166,8 +186,9 @@ def _start_node(host: str, hosts_file: Path) -> int:
     return int(children[0])
 
 
-def up(nodes: int, rate: str) -> State:
-    """Make a cluster of ``nodes`` isolated nodes, each link shaped to ``rate`` both ways."""
+def up(nodes: int, rate: str, own_cores: bool = False) -> State:
+    """Make a cluster of ``nodes`` isolated nodes, each link shaped to ``rate`` both ways, each
+    node on all of this machine's cores or (``own_cores``) on its share of them (``share_cores``)."""
     if not 1 <= nodes <= MAX_NODES:
         raise ValueError(f"--nodes must be between 1 and {MAX_NODES}, got {nodes}")
     bits = link.parse_rate(rate)
@@ -180,9 +201,11 @@ def up(nodes: int, rate: str) -> State:
     hosts_file.write_text("127.0.0.1 localhost\n" + f"{BRIDGE_ADDRESS} {BRIDGE}\n"
                           + "".join(f"{SUBNET}.{i} {h}\n" for i, h in enumerate(hosts, 1)))
     enter = STATE_DIR / "enter"
-    enter.write_text(ENTER_SCRIPT % {"dir": STATE_DIR})
+    machine = sorted(os.sched_getaffinity(0))
+    enter.write_text(ENTER_SCRIPT % {"dir": STATE_DIR, "all": ",".join(map(str, machine))})
     enter.chmod(0o755)
     state = State([], bits, rate)
+    shares = share_cores(nodes, machine) if own_cores else [[] for _ in range(nodes)]
     try:
         _run(["ip", "link", "add", BRIDGE, "type", "bridge"])
         _run(["ip", "addr", "add", f"{BRIDGE_ADDRESS}/24", "dev", BRIDGE])
@@ -198,8 +221,9 @@ def up(nodes: int, rate: str) -> State:
             _run(["ip", "-n", ns, "link", "set", "lo", "up"])
             _run(link.tbf(ns, bits))                                 # into the node
             _run(["ip", "netns", "exec", ns, *link.tbf("eth0", bits)])  # out of the node
-            node = Node(host, address, _start_node(host, hosts_file))
+            node = Node(host, address, _start_node(host, hosts_file), shares[i - 1])
             (STATE_DIR / f"{host}.pid").write_text(f"{node.pid}\n")
+            (STATE_DIR / f"{host}.cores").write_text(",".join(map(str, node.cores)) + "\n")
             state.nodes.append(node)
         state.save()
     except BaseException:

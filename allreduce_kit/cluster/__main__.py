@@ -54,6 +54,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=_positive, default=2, help="number of nodes")
     p.add_argument("--link", type=_rate, default="1gbit", help="each node's link rate, as tc writes it (1gbit, 250mbit)")
     p.add_argument("--no-measure", action="store_true", help="do not measure the link after making it")
+    p.add_argument("--own-cores", action="store_true",
+                   help="run each node on its own share of this machine's cores (default: every node on all of them)")
     p = sub.add_parser("run", formatter_class=DefaultsFormatter, help="run an MPI job across the nodes",
                        description="Run COMMAND as N MPI ranks across the cluster with MPICH's mpiexec.")
     p.add_argument("-n", type=_positive, required=True, help="number of ranks")
@@ -105,7 +107,8 @@ def show(state: State) -> None:
     print(f"cluster: {len(state.nodes)} node(s) on bridge {BRIDGE}, each link {link.describe(state.link_bits)} "
           f"each way (tc tbf)")
     for node in state.nodes:
-        print(f"  {node.host:8s} {node.address:14s} pid {node.pid}")
+        cores = ",".join(map(str, node.cores)) or "all"
+        print(f"  {node.host:8s} {node.address:14s} pid {node.pid:<8d} cores {cores}")
     if state.measured:
         parts = [f"{name}: {link.describe(int(bits))} ({100 * bits / state.link_bits:.0f}%)"
                  for name, bits in state.measured.items()]
@@ -124,7 +127,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     try:
         if args.command == "up":
-            state = up(args.nodes, args.link)
+            state = up(args.nodes, args.link, args.own_cores)
             if not args.no_measure:
                 state.measured = measure(state, 1.0)
                 state.save()

@@ -3,7 +3,9 @@
 
 The cases of ``tests/mpi/test_allreduce.py``, with lengths for a network: empty, fewer than p,
 around p, odd; for sum and mean, one past ``hierarchical``'s small-shard split at every shard count;
-and one large (2**20 + 3) for float32 sum. Rank 0 prints ``passed: N cases`` or the first failures;
+and large ones (2**20 + 3 for float32 sum, 2**18 + 5 for float64 mean and int32 max) that the
+ring between nodes streams in many pieces. Then buffers whose lengths differ between ranks, on
+both sides of any split by length: every rank raises ``ValueError``, nothing is left unreceived. Rank 0 prints ``passed: N cases`` or the first failures;
 the exit status is 1 on any failure.
 """
 import sys
@@ -27,6 +29,8 @@ def lengths(dtype: str, op: str):
         base.add(3 * (64 << 10) // np.dtype(dtype).itemsize + 7)
     if dtype == "float32" and op == "sum":
         base.add(2 ** 20 + 3)
+    if (dtype, op) in (("float64", "mean"), ("int32", "max")):
+        base.add(2 ** 18 + 5)
     return sorted(base)
 
 
@@ -78,6 +82,20 @@ for algorithm in sorted(ALGORITHMS) + ["auto"]:
                 flag = lib.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
                 if flag and len(failures) < 10:
                     failures.append(f"rank {rank}: {algorithm} {dtype} {op} n={n}: a message left unreceived")
+
+for algorithm in ("ring", "hierarchical"):  # auto may run MPI's own, which aborts the job
+    for n in (1000 + rank, (2 ** 18 - 1) * (1 + rank % 2)):  # small; one rank's twice another's
+        y = np.ones(n, np.float32)
+        try:
+            allreduce(y, algorithm=algorithm, comm=comm)
+            raised = ""
+        except ValueError as error:
+            raised = str(error)
+        cases += 1
+        if "differs between ranks" not in raised and len(failures) < 10:
+            failures.append(f"rank {rank}: {algorithm} n={n} (lengths differ): {raised or 'no ValueError'}")
+        if lib.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG) and len(failures) < 10:
+            failures.append(f"rank {rank}: {algorithm} n={n} (lengths differ): a message left unreceived")
 
 failures = [f for fs in world.allgather(failures) for f in fs]
 layout = lib.layout
