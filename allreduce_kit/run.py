@@ -21,7 +21,7 @@ second can only come from the environment or this launcher.
 import os
 import runpy
 import sys
-from typing import List, MutableMapping, Optional
+from typing import List, Mapping, MutableMapping, Optional
 
 from . import config
 from .topology import oversubscribed_from_launcher
@@ -48,6 +48,13 @@ def heavy_yield_state() -> str:
     """``MPIR_CVAR_ENABLE_HEAVY_YIELD=...`` as this process has it, and who set it."""
     value = os.environ.get(HEAVY_YIELD, "unset")
     return f"{HEAVY_YIELD}={value}" + (" (set by allreduce_kit: more ranks than cores)" if yield_set_here else "")
+
+
+def ulfm_launched(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether Open MPI's ``mpirun --with-ft ulfm`` started this process (its fault tolerance on:
+    a dead rank becomes an error, ``faults.py``); read from the environment, before MPI starts."""
+    env = os.environ if environ is None else environ
+    return "OMPI_COMM_WORLD_RANK" in env and env.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes", "on")
 
 
 def prepare() -> None:
