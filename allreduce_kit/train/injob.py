@@ -24,6 +24,7 @@ While this runs, the library keeps to messages (``faults.keep_to_messages``): it
 and direct-read paths wait on flags in peers' memory, where a death is never noticed.
 """
 import copy
+import os
 import signal
 import sys
 import time
@@ -37,7 +38,15 @@ from ..cli import plural
 from .elastic import DEFAULT_CHECKPOINT_EVERY, Loss
 from .signals import StopSignals
 
-__all__ = ["Recovery", "RecoveryFailed", "available", "problems"]
+__all__ = ["Recovery", "RecoveryFailed", "available", "problems", "ended", "MPIRUN_OPTIONS"]
+
+#: ``mpirun`` options that turn on Open MPI's fault tolerance and its failure detector. The
+#: detector runs in a thread of its own, so that a rank busy outside MPI (compiling kernels,
+#: loading data) still sends its heartbeats and is not declared dead; a kill -9 is seen in well
+#: under a second (docs/elastic.md).
+MPIRUN_OPTIONS = ("--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread", "true",
+                  "--mca", "mpi_ft_detector_period", "0.5", "--mca", "mpi_ft_detector_timeout", "3")
+_made: List["Recovery"] = []
 
 
 class RecoveryFailed(Exception):
@@ -79,6 +88,7 @@ class Recovery:
 
     def __init__(self, comm: MPI.Intracomm, config, min_ranks: Optional[int], every: int):
         faults.keep_to_messages()                     # before the first library communicator is made
+        _made.append(self)
         self.comm = comm.Dup()
         self.comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.config = config
@@ -203,6 +213,17 @@ def _say(where, message: str) -> None:
     if comm.Get_rank() == 0:
         sys.stdout.write(f"[elastic] {message}\n")
         sys.stdout.flush()
+
+
+def ended(status: int) -> int:
+    """``status``; but in a process that ran a ``Recovery``, end it here with ``status`` after
+    flushing its output, without ``MPI_Finalize``: Open MPI 5.0's ``MPI_Finalize`` does not return
+    once its threaded failure detector runs (``mpirun`` then reports 0, or 9 after a loss)."""
+    if _made:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    return status
 
 
 def fail(error: RecoveryFailed) -> None:
