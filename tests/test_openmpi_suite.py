@@ -135,7 +135,7 @@ def test_kill_9_of_one_rank_of_4_and_the_run_completes_in_the_job_on_3(openmpi, 
     with SIGKILL in epoch 3 of 10. The same job goes on and ends on 3 ranks, with the final test
     accuracy of an uninterrupted 4-rank run within 1 point; the report names the rank, the step,
     the steps redone (at most the snapshot interval) and the recovery time."""
-    from allreduce_kit.train.injob import MPIRUN_OPTIONS
+    from allreduce_kit.run import ULFM_MPIRUN_OPTIONS as MPIRUN_OPTIONS
 
     common = ["-m", "allreduce_kit.train", "--hidden", "32", "--batch-size", "16", "--progress", "lines",
               "--epochs", "10", "--seed", "1"]

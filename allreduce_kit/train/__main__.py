@@ -309,6 +309,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         + (f"; resumed at step {trainer.step}" if config.resume else ""))
     if trainer.resize_note:
         say(trainer.resize_note)
+    if recovery is not None:
+        say(recovery.header(trainer))
     if trainer.step >= trainer.total_steps():
         say(f"nothing to train: the checkpoint is at step {trainer.step} and this run ends at step "
             f"{trainer.total_steps()}; raise --epochs (or --max-steps) to continue")

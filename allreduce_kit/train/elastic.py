@@ -118,7 +118,8 @@ def add_arguments(parser) -> None:
     g = parser.add_argument_group("elastic training (docs/elastic.md)")
     g.add_argument("--elastic", action="store_true",
                    help="run as the supervisor (one process, not under mpirun): launch -n ranks with mpiexec, "
-                        "and when a rank dies relaunch on the survivors from the newest checkpoint")
+                        "and when a rank dies relaunch on the survivors from the newest checkpoint; under Open "
+                        "MPI's mpirun --with-ft ulfm, go on in the same job on the survivors instead")
     g.add_argument("-n", "--ranks", type=int, default=None, metavar="P", help="--elastic: ranks to start with")
     g.add_argument("--min-ranks", type=int, default=None, metavar="M",
                    help="--elastic: give up (status 1) when fewer than M ranks would be left (default 1)")

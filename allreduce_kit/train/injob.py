@@ -38,14 +38,8 @@ from ..cli import plural
 from .elastic import DEFAULT_CHECKPOINT_EVERY, Loss
 from .signals import StopSignals
 
-__all__ = ["Recovery", "RecoveryFailed", "available", "problems", "ended", "MPIRUN_OPTIONS"]
+__all__ = ["Recovery", "RecoveryFailed", "available", "problems", "ended"]
 
-#: ``mpirun`` options that turn on Open MPI's fault tolerance and its failure detector. The
-#: detector runs in a thread of its own, so that a rank busy outside MPI (compiling kernels,
-#: loading data) still sends its heartbeats and is not declared dead; a kill -9 is seen in well
-#: under a second (docs/elastic.md).
-MPIRUN_OPTIONS = ("--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread", "true",
-                  "--mca", "mpi_ft_detector_period", "0.5", "--mca", "mpi_ft_detector_timeout", "3")
 _made: List["Recovery"] = []
 
 
@@ -98,6 +92,11 @@ class Recovery:
         self.snapshots: List[Snapshot] = []
         self.last_step_at = time.time()
         self.pending: List[Loss] = []                 # losses waiting for their first step after
+
+    def header(self, trainer) -> str:
+        return (f"elastic in the job (ULFM): a lost rank is survived while at least {plural(self.min_ranks, 'rank')} "
+                f"remain; the survivors go on from an in-memory copy taken every {plural(self.every, 'step')}; "
+                f"the library keeps to messages")
 
     # -- the hooks the trainer calls on every rank ------------------------------------------------
     def _hooks(self, trainer, on_step, on_epoch) -> Tuple[Callable, Callable]:
@@ -158,7 +157,7 @@ class Recovery:
         try:
             survivors = faults.shrink(old)
             lost = faults.lost_ranks(old, survivors)
-            last, started = survivors.allreduce((trainer.step, -self.last_step_at), op=MPI.MAX)
+            where = survivors.allgather((trainer.step, self.last_step_at))
             newest = survivors.allreduce(self.snapshots[-1].step, op=MPI.MIN)
             held = next((s for s in self.snapshots if s.step == newest), None)
             agreed = survivors.Agree(int(held is not None))
@@ -168,14 +167,16 @@ class Recovery:
         if not lost:
             raise RecoveryFailed(f"{_what(error)}, but no rank of the job was lost: not a loss this can recover from")
         ranks_after = survivors.Get_size()
+        last = max(step for step, _ in where)        # the newest step finished, and when it first was
+        started = min(at for step, at in where if step == last)
         world = faults.translate(old, lost)
         for rank, world_rank in zip(lost, world):
             loss = Loss(world_rank, None, trainer.hosts[rank] if rank < len(trainer.hosts) else "?",
                         "lost in the job (MPI_ERR_PROC_FAILED)", last, old.Get_size(), ranks_after,
-                        resumed_from=newest, steps_redone=last - newest, died_at=-started)
+                        resumed_from=newest, steps_redone=last - newest, died_at=started)
             self.losses.append(loss)
             self.pending.append(loss)
-            _say(survivors, loss.line() + f" (seen {seen + started:.1f} s after the last step)")
+            _say(survivors, loss.line() + f" (seen {seen - started:.1f} s after the last step)")
         if ranks_after < self.min_ranks:
             raise RecoveryFailed(f"recovery failed: {plural(ranks_after, 'rank')} left, fewer than --min-ranks "
                                  f"{self.min_ranks}")
