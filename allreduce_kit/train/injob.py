@@ -44,7 +44,12 @@ _made: List["Recovery"] = []
 
 
 class RecoveryFailed(Exception):
-    """The survivors cannot go on (too few, another death during recovery, an error with no death)."""
+    """The survivors cannot go on (too few, another death during recovery, an error with no death);
+    ``comm``: the survivors' communicator, if they got that far (then its rank 0 alone says so)."""
+
+    def __init__(self, message: str, comm: Optional[MPI.Intracomm] = None):
+        super().__init__(message)
+        self.comm = comm
 
 
 def available() -> bool:
@@ -179,9 +184,9 @@ class Recovery:
             _say(survivors, loss.line() + f" (seen {seen - started:.1f} s after the last step)")
         if ranks_after < self.min_ranks:
             raise RecoveryFailed(f"recovery failed: {plural(ranks_after, 'rank')} left, fewer than --min-ranks "
-                                 f"{self.min_ranks}")
+                                 f"{self.min_ranks}", survivors)
         if not agreed:
-            raise RecoveryFailed("recovery failed: the survivors hold no snapshot of a common step")
+            raise RecoveryFailed("recovery failed: the survivors hold no snapshot of a common step", survivors)
         self.comm = survivors
         try:
             rebuilt = make(survivors, held)
@@ -229,8 +234,10 @@ def ended(status: int) -> int:
 
 def fail(error: RecoveryFailed) -> None:
     """End the whole job after a failed recovery: the message, then ``MPI_Abort`` with status 1."""
-    sys.stderr.write(f"python -m allreduce_kit.train --elastic: {error}\n")
-    sys.stderr.flush()
-    time.sleep(0.5)                                  # let the other survivors' messages out first
+    speaks = error.comm is None or error.comm.Get_rank() == 0
+    if speaks:
+        sys.stderr.write(f"python -m allreduce_kit.train --elastic: {error}\n")
+        sys.stderr.flush()
+    time.sleep(0.5 if speaks else 1.0)               # the message out before the job ends
     MPI.COMM_WORLD.Abort(1)
 
