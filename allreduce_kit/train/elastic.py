@@ -309,7 +309,8 @@ def main(argv: Sequence[str]) -> int:
     if not 1 <= known.min_ranks <= known.ranks:
         return _error(f"argument --min-ranks: must be between 1 and -n {known.ranks}, got {known.min_ranks}")
     if os.environ.get("PMI_RANK") is not None or os.environ.get("OMPI_COMM_WORLD_RANK") is not None:
-        return _error("--elastic starts the ranks itself: run it as one process, not under mpirun/mpiexec")
+        return _error("--elastic starts the ranks itself: run it as one process, not under mpirun/mpiexec (or under "
+                      "Open MPI's mpirun --with-ft ulfm, where the job itself goes on: docs/elastic.md)")
     directory = _value(rest, "--checkpoint-dir")
     if not directory:
         return _error("--elastic needs --checkpoint-dir (it resumes from the newest checkpoint there)")
