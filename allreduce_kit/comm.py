@@ -8,7 +8,7 @@ from typing import Callable, Dict, Optional, Type, TypeVar
 import numpy as np
 from mpi4py import MPI
 
-from . import config
+from . import config, faults
 from .reduction import Reductions
 from .stall import INSPECTOR, Watch
 from .topology import Topology
@@ -36,6 +36,9 @@ class LibraryComm(MPI.Intracomm):
         self.oversubscribed = self.layout.oversubscribed
         #: ``check`` for calls that do not pass one (``ALLREDUCE_KIT_CHECK``).
         self.check_default = config.read(config.CHECK)
+        #: Messages only, no shared window or direct reads (``faults.keep_to_messages``), decided
+        #: at creation; the same on every rank when every rank asked for it before.
+        self.messages_only = faults.messages_only
         #: ``reductions[op]``: ``op`` over this communicator's ranks, on this rank's threads.
         self.reductions = Reductions(self.nranks, self.threads)
         #: type -> the instance an algorithm or transport attached (``attach``); ``None`` where

@@ -21,7 +21,7 @@ second can only come from the environment or this launcher.
 import os
 import runpy
 import sys
-from typing import List, MutableMapping, Optional
+from typing import List, Mapping, MutableMapping, Optional
 
 from . import config
 from .topology import oversubscribed_from_launcher
@@ -48,6 +48,21 @@ def heavy_yield_state() -> str:
     """``MPIR_CVAR_ENABLE_HEAVY_YIELD=...`` as this process has it, and who set it."""
     value = os.environ.get(HEAVY_YIELD, "unset")
     return f"{HEAVY_YIELD}={value}" + (" (set by allreduce_kit: more ranks than cores)" if yield_set_here else "")
+
+
+#: ``mpirun`` options (Open MPI) that turn on its fault tolerance and failure detector, for
+#: ``train --elastic`` to recover in the job (docs/elastic.md). The detector runs in a thread of
+#: its own, so that a rank busy outside MPI (compiling kernels, loading data) still sends its
+#: heartbeats and is not declared dead.
+ULFM_MPIRUN_OPTIONS = ("--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread",
+                       "true", "--mca", "mpi_ft_detector_period", "0.5", "--mca", "mpi_ft_detector_timeout", "3")
+
+
+def ulfm_launched(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether Open MPI's ``mpirun --with-ft ulfm`` started this process (its fault tolerance on:
+    a dead rank becomes an error, ``faults.py``); read from the environment, before MPI starts."""
+    env = os.environ if environ is None else environ
+    return "OMPI_COMM_WORLD_RANK" in env and env.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes", "on")
 
 
 def prepare() -> None:

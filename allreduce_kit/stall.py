@@ -22,7 +22,7 @@ from typing import Iterator, List, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from . import config
+from . import config, faults
 from .abort import abort_job
 
 QUERY, REPLY = 1, 2
@@ -147,8 +147,16 @@ class Inspector:
 
     def unwatch(self, watch: Watch) -> None:
         with self.lock:
-            self.watches.remove(watch)
-            watch.close()
+            if watch in self.watches:
+                self.watches.remove(watch)
+                watch.close()
+
+    def forget(self, watch: Watch) -> None:
+        """Stop answering on ``watch``'s channel without closing it: its communicator lost a rank
+        and was revoked (``faults.revoke``), so nothing can be sent or cancelled on it any more."""
+        with self.lock:
+            if watch in self.watches:
+                self.watches.remove(watch)
 
     def stop(self) -> None:
         """End the thread and close every watch; called at exit, before MPI finalizes."""
@@ -184,8 +192,13 @@ class Inspector:
         seen, seen_at = None, 0.0  # the call in progress at the last look, and since when
         while not self.stopping.wait(0.25):
             with self.lock:
-                for watch in self.watches:
-                    watch.answer_queries()
+                for watch in list(self.watches):
+                    try:
+                        watch.answer_queries()
+                    except MPI.Exception as error:   # a peer died: the caller hears of it from its own call
+                        if not faults.peer_failed(error):
+                            raise
+                        self.watches.remove(watch)
             current = self.current
             if current is None:
                 self.slow_reported.clear()

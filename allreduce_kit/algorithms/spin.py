@@ -69,8 +69,10 @@ def address_of_sched_yield() -> int:
 
 def node_of(comm) -> Optional[MPI.Intracomm]:
     """A new communicator over the library communicator ``comm``'s ranks if they all share one
-    node (``comm.layout``), else ``None``. Collective over ``comm``; the same on every rank."""
-    if not comm.layout.single_node:
+    node (``comm.layout``), else ``None``. Collective over ``comm``; the same on every rank. ``None``
+    as well while the library keeps to messages (``faults.keep_to_messages``): a wait on a dead
+    peer's flag would never end."""
+    if not comm.layout.single_node or getattr(comm, "messages_only", False):
         return None
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     if node.Get_size() != comm.Get_size():

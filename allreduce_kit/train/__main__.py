@@ -9,12 +9,12 @@ STARTED = time.perf_counter()                          # the summary's wall time
 if __name__ == "__main__":  # abort-on-error and heavy yield, asked for before MPI starts
     import sys
 
-    if "--elastic" in sys.argv[1:]:                    # the supervisor: one process, without MPI (elastic.py)
+    from ..run import prepare, ulfm_launched
+
+    if "--elastic" in sys.argv[1:] and not ulfm_launched():   # the supervisor: one process, without MPI (elastic.py)
         from .elastic import main as supervise
 
         sys.exit(supervise(sys.argv[1:]))
-    from ..run import prepare
-
     prepare()
 
 import argparse  # noqa: E402
@@ -31,7 +31,7 @@ from ..algorithms import ALGORITHMS
 from ..cli import RankZeroParser, is_root, outputs_problem, plural, say, write_json
 from ..launch import check_launch
 from ..threads import limit_threads
-from . import checkpoint, elastic, modes, report, resize
+from . import checkpoint, elastic, injob, modes, report, resize
 from .trainer import Config, NonFiniteError, ResumeError, Trainer
 from .signals import STOPPED_STATUS, StopSignals, Stopped
 # --mode sync|async-ps: the async side lives in async_main.py, the summary both share in summary.py
@@ -202,10 +202,14 @@ def _problems(args, ranks: int) -> Optional[str]:
         return f"argument --test-fraction: must be < 1, got {args.test_fraction}"
     if args.straggler and args.straggler[0] >= ranks:
         return f"argument --straggler: rank {args.straggler[0]} does not exist in a job of {plural(ranks, 'rank')} (0..{ranks - 1})"
+    if args.elastic and injob.available():           # recovery in this job (ULFM): its own checks
+        problem = injob.problems(args, ranks)
+        if problem:
+            return problem
     for name in ("elastic", "ranks", "min_ranks", "mpiexec", "launcher"):   # the supervisor takes these before MPI starts
-        if getattr(args, name) not in (None, False):
+        if getattr(args, name) not in (None, False) and not (args.elastic and injob.available()):
             return f"argument --{name.replace('_', '-')}: only for the supervisor, python -m allreduce_kit.train --elastic -n P (one process, not under mpirun)"
-    if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
+    if (args.resume or (args.checkpoint_every and not (args.elastic and injob.available()))) and not args.checkpoint_dir:
         return f"argument {'--resume' if args.resume else '--checkpoint-every'}: needs --checkpoint-dir"
     total = 1797 if args.dataset == "digits" else args.samples
     test = int(round(total * args.test_fraction))
@@ -274,8 +278,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     config = config_from(args)
     if args.mode == "async-ps":                        # the parameter-server run
         return async_main.main(args, config, threads, _yield_note(), comm, parser, STARTED)
+    recovery = injob.Recovery(comm, config, args.min_ranks, args.checkpoint_every) if args.elastic else None
     try:
-        trainer = Trainer(config, comm)
+        trainer = Trainer(config, comm if recovery is None else recovery.comm)
     except ResumeError as error:
         say(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
@@ -304,6 +309,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         + (f"; resumed at step {trainer.step}" if config.resume else ""))
     if trainer.resize_note:
         say(trainer.resize_note)
+    if recovery is not None:
+        say(recovery.header(trainer))
     if trainer.step >= trainer.total_steps():
         say(f"nothing to train: the checkpoint is at step {trainer.step} and this run ends at step "
             f"{trainer.total_steps()}; raise --epochs (or --max-steps) to continue")
@@ -344,7 +351,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         step_hook = on_step if use_bar else None
         if progress is not None:
             step_hook = progress if step_hook is None else (lambda i: (on_step(i), progress(i)))
-        result = trainer.run(on_step=step_hook, on_epoch=on_epoch)
+        if recovery is None:
+            result = trainer.run(on_step=step_hook, on_epoch=on_epoch)
+        else:                                          # a lost rank: go on with the survivors (injob.py)
+            trainer, result = recovery.run(trainer, lambda survivors, kept: Trainer(
+                config_from(args), survivors, trainer.data, snapshot=(kept.arrays, kept.meta)), step_hook, on_epoch)
+            ranks = trainer.ranks
     except (NonFiniteError, Stopped) as error:       # raised on every rank at the same step
         if bar is not None:
             bar.close()
@@ -388,6 +400,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f" {alone['transfer_ms_p50']:.3f} ms (p10-p90 {alone['transfer_ms_p10']:.3f}-"
                 f"{alone['transfer_ms_p90']:.3f}), ratio {ratio:.3f}; in a bare compute-then-average loop"
                 f" {bare:.3f} ms, ratio {alone['bare_loop_ratio']:.3f}")
+        lost = recovery.report(trainer.comm) if recovery is not None else None
         # the summary both modes share (summary.py), printed and under "summary" in --json
         shared = build_summary("sync", ranks, ranks, result["epochs"], result["updates_applied"],
                                wall_seconds=time.perf_counter() - STARTED)
@@ -396,7 +409,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                               "batch_size_requested": args.batch_size},
                    "threads_per_rank": threads,
                    "heavy_yield": yield_state, "stall_timeout": stall.default_timeout_now(),
-                   **result, "allreduce_alone": alone, "summary": shared}
+                   **result, "allreduce_alone": alone, "summary": shared,
+                   **({"elastic": lost} if lost else {})}
         if args.json:
             write_json(args.json, payload)
             say(f"wrote {args.json}")
@@ -408,4 +422,4 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(injob.ended(main()))

@@ -154,7 +154,8 @@ def add_arguments(parser) -> None:
     g = parser.add_argument_group("elastic training (docs/elastic.md)")
     g.add_argument("--elastic", action="store_true",
                    help="run as the supervisor (one process, not under mpirun): launch -n ranks with mpiexec, "
-                        "and when a rank dies relaunch on the survivors from the newest checkpoint")
+                        "and when a rank dies relaunch on the survivors from the newest checkpoint; under Open "
+                        "MPI's mpirun --with-ft ulfm, go on in the same job on the survivors instead")
     g.add_argument("-n", "--ranks", type=int, default=None, metavar="P", help="--elastic: ranks to start with")
     g.add_argument("--min-ranks", type=int, default=None, metavar="M",
                    help="--elastic: give up (status 1) when fewer than M ranks would be left (default 1)")
@@ -426,7 +427,8 @@ def main(argv: Sequence[str]) -> int:
     if not 1 <= known.min_ranks <= known.ranks:
         return _error(f"argument --min-ranks: must be between 1 and -n {known.ranks}, got {known.min_ranks}")
     if os.environ.get("PMI_RANK") is not None or os.environ.get("OMPI_COMM_WORLD_RANK") is not None:
-        return _error("--elastic starts the ranks itself: run it as one process, not under mpirun/mpiexec")
+        return _error("--elastic starts the ranks itself: run it as one process, not under mpirun/mpiexec (or under "
+                      "Open MPI's mpirun --with-ft ulfm, where the job itself goes on: docs/elastic.md)")
     directory = _value(rest, "--checkpoint-dir")
     if not directory:
         return _error("--elastic needs --checkpoint-dir (it resumes from the newest checkpoint there)")

@@ -109,7 +109,7 @@ class Trainer:
     """Data-parallel training of an MLP on the ranks of ``comm`` (default ``COMM_WORLD``)."""
 
     def __init__(self, config: Config, comm: Optional[MPI.Intracomm] = None,
-                 dataset: Optional[data.Dataset] = None):
+                 dataset: Optional[data.Dataset] = None, snapshot: Optional[Tuple[Dict[str, np.ndarray], Dict[str, Any]]] = None):
         modes.check(config, (comm or MPI.COMM_WORLD).Get_size())   # before any message
         self.comm = (comm or MPI.COMM_WORLD).Dup()       # the trainer's own few messages
         self.rank, self.ranks = self.comm.Get_rank(), self.comm.Get_size()
@@ -146,8 +146,8 @@ class Trainer:
         self._carried: Optional[Dict[str, Any]] = None
         self.bounds = bucket_bounds(self.model.size, self.model.dtype.itemsize, config.bucket_mb)
         self.buckets = len(self.bounds)
-        if config.resume:
-            self._resume()
+        if config.resume or snapshot is not None:    # snapshot: (arrays, meta) every rank holds (injob.py)
+            self._resume(snapshot)
         # One untimed pass first: the first compute, collective and update pay for loading
         # compiled kernels, starting BLAS and setting up connections, which would otherwise
         # show up as the first steps of epoch 1. (The gradient it leaves is overwritten.)
@@ -379,20 +379,24 @@ class Trainer:
         now = self._open_epoch()
         gathered = self.comm.gather((self.jitter_rng.bit_generator.state, None if now is None else now[0]), root=0)
         if self.rank == 0:
-            done, into = self.plan.position(self.step)
-            meta = {"ranks": self.ranks, "batch_size": self.config.batch_size, "widths": self.model.widths,
-                    "dtype": self.model.dtype.name, "seed": self.config.seed, "mode": "sync",
-                    "data_rng": {"scheme": "permutation of epoch e drawn from numpy default_rng([seed, 3, e])",
-                                 "seed": self.config.seed},
-                    "jitter_rng_states": [state for state, _ in gathered], "skipped_steps": self.skipped_steps,
-                    "history": [e for e in self.history if e["epoch"] <= done],
-                    "open_epoch": None if now is None else {"epoch": done, "sums": [sums for _, sums in gathered],
-                                                            "seconds": now[1]},
-                    "config": self.config.as_dict(), **self._position_record(into)}
             checkpoint.save(self.config.checkpoint_dir, self.step,
-                            {"params": self.model.params, "velocity": self.optimizer.velocity}, meta,
-                            keep=self.config.keep_checkpoints)
+                            {"params": self.model.params, "velocity": self.optimizer.velocity},
+                            self.checkpoint_meta(gathered, now), keep=self.config.keep_checkpoints)
         self.saved_step = self.step
+
+    def checkpoint_meta(self, gathered: List[Tuple[Any, Any]], now: Optional[Tuple[List[float], float]]) -> Dict[str, Any]:
+        """A checkpoint's record of this step, from every rank's (jitter RNG state, open epoch's sums)."""
+        done, into = self.plan.position(self.step)
+        meta = {"step": self.step, "ranks": self.ranks, "batch_size": self.config.batch_size, "widths": self.model.widths,
+                "dtype": self.model.dtype.name, "seed": self.config.seed, "mode": "sync",
+                "data_rng": {"scheme": "permutation of epoch e drawn from numpy default_rng([seed, 3, e])",
+                             "seed": self.config.seed},
+                "jitter_rng_states": [state for state, _ in gathered], "skipped_steps": self.skipped_steps,
+                "history": [e for e in self.history if e["epoch"] <= done],
+                "open_epoch": None if now is None else {"epoch": done, "sums": [sums for _, sums in gathered],
+                                                        "seconds": now[1]},
+                "config": self.config.as_dict(), **self._position_record(into)}
+        return meta
 
     def _position_record(self, into: int) -> Dict[str, Any]:
         """What a checkpoint records of the position in the data (in samples) and the batch it was reached with."""
@@ -426,10 +430,14 @@ class Trainer:
                         f"{expected.shape} {expected.dtype}")
         return None
 
-    def _resume(self) -> None:
+    def _resume(self, snapshot: Optional[Tuple[Dict[str, np.ndarray], Dict[str, Any]]] = None) -> None:
         error, meta = None, None
         directory = self.config.checkpoint_dir
-        if self.rank == 0:
+        if snapshot is not None:                          # held by every rank: nothing to read
+            self.model.params[...] = snapshot[0]["params"]
+            self.optimizer.velocity[...] = snapshot[0]["velocity"]
+            meta = snapshot[1]
+        elif self.rank == 0:
             path = None
             try:
                 path = checkpoint.latest(directory)
