@@ -113,6 +113,27 @@ def _buckets(named: Sequence[Tuple[str, torch.Tensor]], bucket_mb: float) -> Lis
     return [_Bucket(g) for g in groups]
 
 
+def _copy_all(into: List[torch.Tensor], grads: List[torch.Tensor]) -> None:
+    """``into[i].copy_(grads[i])`` for every i, in one call where torch has ``_foreach_copy_``."""
+    if _FOREACH_COPY is not None:
+        _FOREACH_COPY(into, grads)
+    else:
+        for view, grad in zip(into, grads):
+            view.copy_(grad)
+
+
+_FOREACH_COPY = getattr(torch, "_foreach_copy_", None)
+
+
+def _counted(ref: "weakref.ref", index: int, grad: torch.Tensor) -> None:
+    """The one hook on parameter ``index`` where buckets are reduced in ``step()``: it refuses a
+    pass too many, then counts the gradient in, before it is accumulated."""
+    optimizer = ref()
+    if optimizer is not None:
+        optimizer._gradient_coming(index)
+        optimizer._gradient_ready(index)
+
+
 def _on_gradient(ref: "weakref.ref", index: int, param: torch.Tensor) -> None:
     """The hook on parameter ``index``: its gradient is accumulated for this backward pass."""
     optimizer = ref()
@@ -170,6 +191,9 @@ class _DistributedOptimizer:
         if s.size > 1:
             ref = weakref.ref(self)
             for index, p in enumerate(self._params):
+                if not self._background:   # nothing to hand over: one hook, before accumulation, does
+                    self._hooks.append(p.register_hook(functools.partial(_counted, ref, index)))
+                    continue
                 self._hooks.append(p.register_hook(functools.partial(_before_gradient, ref, index)))
                 self._hooks.append(p.register_post_accumulate_grad_hook(functools.partial(_on_gradient, ref, index)))
             if self._background:
@@ -217,12 +241,16 @@ class _DistributedOptimizer:
         start = time.perf_counter()
         bucket = self._buckets[k]
         flat = bucket.flat
-        for p, (a, b) in zip(bucket.params, bucket.bounds):
+        grads, into = [], []
+        for p, view in zip(bucket.params, bucket.views):
             grad = p.grad
             if grad is None:
-                flat[a:b].zero_()
-            elif grad.data_ptr() != flat[a:b].data_ptr():   # not already the bucket's own memory
-                flat[a:b].copy_(grad.detach().reshape(-1))
+                view.zero_()
+            elif grad.data_ptr() != view.data_ptr():   # not already the bucket's own memory
+                grads.append(grad.detach())
+                into.append(view)
+        if into:
+            _copy_all(into, grads)
         scaled = self._predivide != 1.0
         if scaled:
             flat.mul_(1.0 / self._predivide)
