@@ -4,7 +4,8 @@ The parameters are split into buckets of at most ``bucket_mb`` MB, in reverse or
 layers first, as backward produces their gradients). A hook on each parameter counts its
 gradient in; when a bucket's gradients are all in, the bucket is handed to the background
 thread (``worker.py``), which copies them into the bucket's flat buffer, averages it in place
-with the library's ``allreduce`` and makes each ``.grad`` a view of its slice of the result
+(where the ranks share one node, in a window they all map: ``shared_buckets``; else with the
+library's ``allreduce``) and makes each ``.grad`` a view of its slice of the result
 (no copy back; a ``.grad`` zeroed in place stays that view and is not copied in again), while
 backward goes on computing the gradients of the earlier layers. Buckets are handed over in
 bucket order only, so every rank issues the same reductions in the same order. The last
@@ -111,18 +112,6 @@ def _buckets(named: Sequence[Tuple[str, torch.Tensor]], bucket_mb: float) -> Lis
         groups[-1].append((name, p))
         size += nbytes
     return [_Bucket(g) for g in groups]
-
-
-def _copy_all(into: List[torch.Tensor], grads: List[torch.Tensor]) -> None:
-    """``into[i].copy_(grads[i])`` for every i, in one call where torch has ``_foreach_copy_``."""
-    if _FOREACH_COPY is not None:
-        _FOREACH_COPY(into, grads)
-    else:
-        for view, grad in zip(into, grads):
-            view.copy_(grad)
-
-
-_FOREACH_COPY = getattr(torch, "_foreach_copy_", None)
 
 
 def _counted(ref: "weakref.ref", index: int, grad: torch.Tensor) -> None:
@@ -250,7 +239,7 @@ class _DistributedOptimizer:
                 grads.append(grad.detach())
                 into.append(view)
         if into:
-            _copy_all(into, grads)
+            torch._foreach_copy_(into, grads)   # every copy in one call
         scaled = self._predivide != 1.0
         if scaled:
             flat.mul_(1.0 / self._predivide)
