@@ -48,6 +48,11 @@ class _State:
         self.layout = self.lib.layout
         self.threaded = available()
         self._worker: Optional[Worker] = None
+        self._on_shutdown: List[Callable[[], None]] = []
+
+    def on_shutdown(self, release: Callable[[], None]) -> None:
+        """Call ``release()`` (collective, in the order registered) when ``shutdown()`` frees the communicators."""
+        self._on_shutdown.append(release)
 
     def worker(self) -> Optional[Worker]:
         """The background thread (started on first use), or None where MPI does not allow one."""
@@ -111,6 +116,8 @@ def shutdown() -> None:
     done, _state = _state, None
     done.stop()
     if not MPI.Is_finalized():
+        for release in done._on_shutdown:
+            release()
         done.dup.Free()  # frees the library's clone of it too
 
 

@@ -4,7 +4,8 @@ The parameters are split into buckets of at most ``bucket_mb`` MB, in reverse or
 layers first, as backward produces their gradients). A hook on each parameter counts its
 gradient in; when a bucket's gradients are all in, the bucket is handed to the background
 thread (``worker.py``), which copies them into the bucket's flat buffer, averages it in place
-with the library's ``allreduce`` and makes each ``.grad`` a view of its slice of the result
+(where the ranks share one node, in a window they all map: ``shared_buckets``; else with the
+library's ``allreduce``) and makes each ``.grad`` a view of its slice of the result
 (no copy back; a ``.grad`` zeroed in place stays that view and is not copied in again), while
 backward goes on computing the gradients of the earlier layers. Buckets are handed over in
 bucket order only, so every rank issues the same reductions in the same order. The last
@@ -30,7 +31,7 @@ import torch
 from mpi4py import MPI
 
 from ..stall import INSPECTOR
-from . import mpi_ops, tensors
+from . import mpi_ops, shared_buckets, tensors
 from .compression import Compression, check_compression
 from .timing import Timing
 
@@ -68,7 +69,7 @@ def overlap_choice(overlap: Optional[bool]) -> Tuple[bool, str]:
 class _Bucket:
     """Consecutive parameters of one dtype and their gradients' place in one flat buffer."""
 
-    __slots__ = ("params", "names", "bounds", "flat", "views", "seconds")
+    __slots__ = ("params", "names", "bounds", "flat", "views", "seconds", "shared")
 
     def __init__(self, named: Sequence[Tuple[str, torch.Tensor]]):
         self.names = [name for name, _ in named]
@@ -78,10 +79,24 @@ class _Bucket:
         for p in self.params:
             self.bounds.append((start, start + p.numel()))
             start += p.numel()
-        self.flat = tensors.empty((start,), self.params[0].dtype)   # numpy's memory: see tensors.empty
-        #: each parameter's slice of ``flat`` in its shape: its ``.grad`` after a reduction
-        self.views = [self.flat[a:b].view(p.shape) for p, (a, b) in zip(self.params, self.bounds)]
+        self.use(tensors.empty((start,), self.params[0].dtype))   # numpy's memory: see tensors.empty
         self.seconds = 0.0  # how long its last reduction took (pack, reduce, unpack)
+        #: the node's window that holds ``flat`` (``shared_buckets``), or None: ``flat`` is private
+        self.shared = None
+
+    def use(self, flat: torch.Tensor) -> None:
+        """Keep the gradients in ``flat`` from now on; a ``.grad`` that was a view of the old
+        buffer becomes the same view of ``flat``, with its values."""
+        old = getattr(self, "views", None)
+        if old is not None:
+            flat.copy_(self.flat)
+        self.flat = flat
+        #: each parameter's slice of ``flat`` in its shape: its ``.grad`` after a reduction
+        self.views = [flat[a:b].view(p.shape) for p, (a, b) in zip(self.params, self.bounds)]
+        if old is not None:
+            for p, before, view in zip(self.params, old, self.views):
+                if p.grad is before:
+                    p.grad = view
 
 
 def _buckets(named: Sequence[Tuple[str, torch.Tensor]], bucket_mb: float) -> List[_Bucket]:
@@ -97,6 +112,15 @@ def _buckets(named: Sequence[Tuple[str, torch.Tensor]], bucket_mb: float) -> Lis
         groups[-1].append((name, p))
         size += nbytes
     return [_Bucket(g) for g in groups]
+
+
+def _counted(ref: "weakref.ref", index: int, grad: torch.Tensor) -> None:
+    """The one hook on parameter ``index`` where buckets are reduced in ``step()``: it refuses a
+    pass too many, then counts the gradient in, before it is accumulated."""
+    optimizer = ref()
+    if optimizer is not None:
+        optimizer._gradient_coming(index)
+        optimizer._gradient_ready(index)
 
 
 def _on_gradient(ref: "weakref.ref", index: int, param: torch.Tensor) -> None:
@@ -151,9 +175,14 @@ class _DistributedOptimizer:
         self._should_synchronize = True
         self._hooks = []
         self._background = background and len(self._buckets) > 1
+        if s.size > 1 and compression is Compression.none:
+            _into_window(self, s)
         if s.size > 1:
             ref = weakref.ref(self)
             for index, p in enumerate(self._params):
+                if not self._background:   # nothing to hand over: one hook, before accumulation, does
+                    self._hooks.append(p.register_hook(functools.partial(_counted, ref, index)))
+                    continue
                 self._hooks.append(p.register_hook(functools.partial(_before_gradient, ref, index)))
                 self._hooks.append(p.register_post_accumulate_grad_hook(functools.partial(_on_gradient, ref, index)))
             if self._background:
@@ -201,18 +230,24 @@ class _DistributedOptimizer:
         start = time.perf_counter()
         bucket = self._buckets[k]
         flat = bucket.flat
-        for p, (a, b) in zip(bucket.params, bucket.bounds):
+        grads, into = [], []
+        for p, view in zip(bucket.params, bucket.views):
             grad = p.grad
             if grad is None:
-                flat[a:b].zero_()
-            elif grad.data_ptr() != flat[a:b].data_ptr():   # not already the bucket's own memory
-                flat[a:b].copy_(grad.detach().reshape(-1))
+                view.zero_()
+            elif grad.data_ptr() != view.data_ptr():   # not already the bucket's own memory
+                grads.append(grad.detach())
+                into.append(view)
+        if into:
+            torch._foreach_copy_(into, grads)   # every copy in one call
         scaled = self._predivide != 1.0
         if scaled:
             flat.mul_(1.0 / self._predivide)
         compressed, ctx = self._compression.compress(flat)
         op = mpi_ops.Sum if scaled else self._op
-        if compressed is flat:
+        if compressed is flat and bucket.shared is not None:
+            bucket.shared.reduce(k, op, "DistributedOptimizer")
+        elif compressed is flat:
             mpi_ops.reduce_(flat, op, "DistributedOptimizer")
         else:
             compressed = compressed.contiguous()
@@ -295,6 +330,30 @@ class _DistributedOptimizer:
         hidden behind backward, per step (collective; ``Timing.report``)."""
         mpi_ops.state().drain()
         return self._timing.report(file, json_path, title="DistributedOptimizer: straggler report")
+
+
+def _into_window(optimizer: "_DistributedOptimizer", s) -> None:
+    """Move the buckets' flat buffers into a window of the node where the ranks share one
+    (``shared_buckets``); ``hvd.shutdown()`` moves them back out and frees it. Collective."""
+    buckets = optimizer._buckets
+    shared = shared_buckets.make(s.lib, [b.flat.numel() for b in buckets], [b.flat.dtype for b in buckets])
+    if shared is None:
+        return
+    for bucket, flat in zip(buckets, shared.flats):
+        if flat is not None:
+            bucket.use(flat)
+            bucket.shared = shared
+    s.on_shutdown(functools.partial(_out_of_window, weakref.ref(optimizer), shared))
+
+
+def _out_of_window(ref: "weakref.ref", shared: "shared_buckets.SharedBuckets") -> None:
+    optimizer = ref()
+    if optimizer is not None:
+        for bucket in optimizer._buckets:
+            if bucket.shared is shared:
+                bucket.use(tensors.empty(tuple(bucket.flat.shape), bucket.flat.dtype))
+                bucket.shared = None
+    shared.free()
 
 
 _CLASSES: Dict[type, type] = {}

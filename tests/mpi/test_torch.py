@@ -607,6 +607,41 @@ def test_too_many_backward_passes_and_zero_grad_too_early_are_refused():
 
 
 @pytest.mark.mpi
+def test_on_one_node_float_buckets_live_in_a_shared_window_and_shutdown_gives_the_gradients_back():
+    half = torch.nn.Linear(3, 2).to(torch.float16)     # a float16 bucket stays a private buffer
+    net = made_on(0)
+    named = list(net.named_parameters()) + [(f"half.{n}", p) for n, p in half.named_parameters()]
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([p for _, p in named], lr=0.1), named_parameters=named,
+                                   bucket_mb=0.0005, overlap=False)
+    shared = P > 1 and mpi_ops.state().layout.single_node
+    kinds = [(b.flat.dtype, b.shared is not None) for b in opt._buckets]
+    assert (torch.float16, False) in kinds and (torch.float32, shared) in kinds and (torch.float32, not shared) not in kinds
+    x, y = batches(P, 4, torch.float32)[0]
+    opt.zero_grad()
+    (torch.nn.functional.cross_entropy(net(x[RANK::P]), y[RANK::P]) + half(x[RANK::P, :3].half()).float().sum()).backward()
+    mine = {n: p.grad.clone() for n, p in named}
+    opt.synchronize()
+    everyone = hvd.allgather_object(mine)
+    for n, p in named:
+        close(p.grad, sum(e[n].double() for e in everyone).to(p.dtype) / P, rtol=1e-2 if p.dtype == torch.float16 else 1e-5,
+              atol=1e-3 if p.dtype == torch.float16 else 1e-6, msg=n)
+        same_everywhere(p.grad)
+    averaged = {n: p.grad.clone() for n, p in named}
+    hvd.shutdown()                   # frees the window: every .grad that was a view of it gets a copy
+    try:
+        assert all(b.shared is None for b in opt._buckets)
+        for n, p in named:
+            assert torch.equal(p.grad, averaged[n]), n
+            flat = opt._buckets[opt._bucket_of[opt._names.index(n)]].flat
+            assert P == 1 or flat.data_ptr() <= p.grad.data_ptr() < flat.data_ptr() + flat.numel() * flat.element_size(), n
+    finally:
+        hvd.init()
+    with opt.skip_synchronize():
+        opt.step()                   # the update reads the gradients from the private buffers
+    assert_quiet()
+
+
+@pytest.mark.mpi
 def test_calls_before_init_raise_and_init_again_works():
     net = made_on(0)
     hvd.DistributedOptimizer(sgd(net), named_parameters=net.named_parameters(), bucket_mb=0.0005, overlap=True)
