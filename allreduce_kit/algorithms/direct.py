@@ -17,10 +17,21 @@ here, from compiled code, an algorithm step can
   while a rank may still read what was there.
 
 Beside the address each rank publishes its buffer's length and dtype and the algorithm
-(``signature.word``), and ``begin`` compares every peer's with its own before any peer's memory
-is touched: if the ranks' buffers differ, every rank raises the same ``ValueError`` instead of
-reading or writing past a peer's buffer. The cost on a well-formed call is a store and, per
-peer, a wait for it to have started the call and a load.
+(``signature.word``). A rank compares a peer's word with its own when it first needs that
+peer, before it reads from or writes into the peer's buffer (``reach``), not all peers' at the
+start: that would make every call wait for every rank, where ``ring`` and ``rabenseifner`` wait
+only for the few they talk to. A rank that finds a word other than its own voids the call: it
+raises its counter to ``POISON``, above every step of the call, and returns. Every wait on it
+then ends, and the waiter, seeing ``POISON``, voids the call too and returns without touching a
+peer. The void reaches every rank. If the words differ, some rank reads a peer whose word
+differs from its own (every rank reads from some peer, and the reads connect all ranks), and
+each algorithm reads each such peer, or is read by it, before its reduce-scatter is done
+(``ring``: the left neighbour from the first step; ``rabenseifner``: the partners, both ways,
+and the rank that sits out is read at the start; ``two_shot``: every peer at the start). No
+rank finishes before every rank's reduce-scatter is done, since every result holds every
+segment, finished at its owner's last reduce-scatter step: so every rank meets the void on its
+way, and raises the same ``ValueError`` (``signature.mismatch``). The cost on a well-formed call
+is a store in ``begin`` and a load per peer read.
 
 Available when every rank of the communicator is on one node and each can read the others'
 memory, which is checked once per communicator, collectively: each rank reads a random token
@@ -31,7 +42,8 @@ messages; ``ALLREDUCE_KIT_DIRECT=0`` makes them keep to messages anyway.
 
 State passed to the compiled helpers (``Peers.state``): this rank, the rank count, the window's
 address, ``sched_yield``'s address (0: spin without yielding), ``process_vm_readv``'s address,
-the number of the current call (advanced by ``begin``), and ``process_vm_writev``'s address.
+the number of the current call (advanced by ``begin``), ``process_vm_writev``'s address, and
+this rank's ``signature.word`` for the current call.
 Window layout, per rank: a cache line holding its counter, then one holding its pid, its
 buffer's address and its ``signature.word``.
 
@@ -68,6 +80,11 @@ PIECE_BYTES = 256 << 10
 _LINE = 64
 #: Steps a call may count: the counters of call g run from g << _STEP_BITS upward.
 _STEP_BITS = 24
+#: A counter at ``(g << _STEP_BITS) | POISON`` says call g is void: some rank found that the
+#: ranks' buffers differ. It is above every step of call g, so every wait on it ends.
+POISON = (1 << _STEP_BITS) - 1
+#: What the compiled loops return when the ranks' buffers differ (``run`` raises).
+MISMATCH = -2
 
 
 @intrinsic
@@ -88,29 +105,24 @@ def _process_vm_call(typingctx, function, pid, local, remote):
 
 @njit(cache=True, nogil=True)
 def begin(state, buf, algorithm):
-    """Start a call: publish ``buf``'s address and ``signature.word(buf, algorithm)``, then wait
-    until every peer has published its own for this call and compare. Returns the call's first
-    counter value, or -1 if some rank's word differs from this one's (every rank then returns -1
-    here, having touched no peer's memory; ``run`` raises).
-
-    A peer's word read here is this call's: the peer wrote it before raising its counter to the
-    call's first value, and will not write the next one before every rank has passed this point
-    (a call ends on no rank before every rank has raised its counter past ``first``, and a
-    failed one ends in ``signature.mismatch``, collectively).
-    """
-    rank, size, base = state[0], state[1], state[2]
+    """Start a call: publish ``buf``'s address and ``signature.word(buf, algorithm)``, then the
+    call's first counter value, which it returns. Waits for nobody: each peer's word is checked
+    when this rank first needs that peer (``reach``, ``wait_all``)."""
+    rank, base = state[0], state[2]
     state[5] += 1
     first = state[5] << _STEP_BITS
-    mine = word(buf, algorithm)
+    state[7] = word(buf, algorithm)
     store_release(base + _LINE * (2 * rank + 1) + 8, buf.ctypes.data)
-    store_release(base + _LINE * (2 * rank + 1) + 16, mine)
+    store_release(base + _LINE * (2 * rank + 1) + 16, state[7])
     store_release(base + _LINE * 2 * rank, first)
-    same = True
-    for k in range(1, size):
-        peer = (rank + k) % size
-        wait_until(base + _LINE * 2 * peer, first, state[3])
-        same &= load_acquire(base + _LINE * (2 * peer + 1) + 16) == mine
-    return first if same else -1
+    return first
+
+
+@njit(cache=True, nogil=True)
+def _poison(state):
+    """Publish that this call is void (``POISON`` in this rank's counter); returns ``MISMATCH``."""
+    store_release(state[2] + _LINE * 2 * state[0], (state[5] << _STEP_BITS) | POISON)
+    return MISMATCH
 
 
 @njit(cache=True, nogil=True)
@@ -121,13 +133,45 @@ def finish(state, step):
 
 @njit(cache=True, nogil=True)
 def wait_for(state, peer, step):
-    """Until rank ``peer`` has finished ``step``."""
-    wait_until(state[2] + _LINE * 2 * peer, step, state[3])
+    """Until rank ``peer`` has finished ``step``: 0, or ``MISMATCH`` if ``peer`` has voided the
+    call instead (this rank then voids it too, and must return without touching a peer)."""
+    seen = wait_until(state[2] + _LINE * 2 * peer, step, state[3])
+    if seen == (state[5] << _STEP_BITS) | POISON:
+        return _poison(state)
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def reach(state, peer, step):
+    """``wait_for(state, peer, step)``, then the buffer address ``peer`` published for this call,
+    once its signature word is found equal to this rank's; ``MISMATCH`` (negative) if it differs
+    or ``peer`` voided the call (this rank then voids it too).
+
+    Call it only before reading from or writing into ``peer``'s buffer: ``peer`` cannot then have
+    left the call, so the word read is this call's (a peer returns only once every rank that
+    reads or writes its buffer has finished)."""
+    if wait_for(state, peer, step) != 0:
+        return MISMATCH
+    line = state[2] + _LINE * (2 * peer + 1)
+    if load_acquire(line + 16) != state[7]:
+        return _poison(state)
+    return load_acquire(line + 8)
+
+
+@njit(cache=True, nogil=True)
+def wait_all(state, first):
+    """``reach`` every peer at ``first``, for algorithms that read or write every peer's buffer
+    from the start: 0, or ``MISMATCH``."""
+    rank, size = state[0], state[1]
+    for k in range(1, size):
+        if reach(state, (rank + k) % size, first) < 0:
+            return MISMATCH
+    return 0
 
 
 @njit(cache=True, nogil=True)
 def address_of(state, peer):
-    """The buffer address ``peer`` published for this call (wait for its first counter value first)."""
+    """The buffer address ``peer`` published for this call, unchecked (``reach`` it first)."""
     return load_acquire(state[2] + _LINE * (2 * peer + 1) + 8)
 
 
@@ -190,7 +234,7 @@ class Peers(NodeWindow):
         words = self.memory.view(np.int64)
         words[2 * rank * _LINE // 8] = 0
         words[(2 * rank + 1) * _LINE // 8] = os.getpid()
-        self.state = np.array([rank, size, self.memory.ctypes.data, self.yield_fn, readv, 0, writev], np.int64)
+        self.state = np.array([rank, size, self.memory.ctypes.data, self.yield_fn, readv, 0, writev, 0], np.int64)
         self.iov = np.zeros(4, np.int64)
         self._piece = np.empty(PIECE_BYTES, np.uint8)
         self._pieces: Dict[np.dtype, np.ndarray] = {}
@@ -239,7 +283,7 @@ def run(loop, comm, buf: np.ndarray, op, bounds: np.ndarray, name: str) -> bool:
     if peers is None or op.code is None:
         return False
     done = loop(buf, bounds, peers.state, peers.piece(buf.dtype), peers.iov, op.code, op.divisor)
-    if done == -2:
+    if done == MISMATCH:
         raise mismatch(comm, buf, name)
     if done != 0:
         raise RuntimeError(f"allreduce(algorithm={name!r}): reading or writing a peer's buffer "

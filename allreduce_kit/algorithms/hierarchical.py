@@ -52,13 +52,13 @@ SMALL_SHARD = 64 << 10
 @njit(cache=True, nogil=True)
 def _reduce_scatter(buf, bounds, state, piece, iov, code):
     """Step 1 by direct reads: fold every local peer's copy of this rank's shards into its own.
-    Returns the call's first counter value, or -2 if the ranks' buffers differ, -1 if a read
-    failed. Counters from ``first``: a rank has published its buffer (``first``), has folded
+    Returns the call's first counter value, or ``direct.MISMATCH`` if the ranks' buffers
+    differ, -1 if a read failed. Counters from ``first``: a rank has published its buffer (``first``), has folded
     its shards (``first + 1``), has written its shards into every peer (``first + 2``)."""
     rank, size = state[0], state[1]
     first = direct.begin(state, buf, TAG)
-    if first < 0:
-        return -2
+    if direct.wait_all(state, first) != 0:
+        return direct.MISMATCH
     isz = buf.itemsize
     shards = bounds.size - 1
     for k in range(rank, shards, size):
@@ -94,7 +94,8 @@ def _allgather(buf, bounds, state, iov, first):
                 return -1
     direct.finish(state, first + 2)
     for j in range(1, size):
-        direct.wait_for(state, (rank + j) % size, first + 2)
+        if direct.wait_for(state, (rank + j) % size, first + 2) != 0:
+            return direct.MISMATCH
     return 0
 
 

@@ -44,7 +44,9 @@ def _bounds(n: int, pof2: int) -> tuple:
 @njit(cache=True, nogil=True)
 def _direct(buf, bounds, state, piece, iov, code, divisor):
     """Rabenseifner with direct reads (``direct.py``), the fold included; 0, -1 if a read failed,
-    -2 if the ranks' buffers differ (found before any read).
+    ``direct.MISMATCH`` if the ranks' buffers differ (found before reading a peer whose buffer
+    differs, and then on every rank: each rank reads every partner, and the odd rank of a fold
+    its even partner, in the reduce-scatter).
 
     Every step reads the partner's copy of the range this rank keeps (or, in the allgather, the
     partner's finished range) out of the partner's buffer, in the steps and fold order of the
@@ -65,21 +67,23 @@ def _direct(buf, bounds, state, piece, iov, code, divisor):
     while (1 << levels) < pof2:
         levels += 1
     first = direct.begin(state, buf, TAG)
-    if first < 0:
-        return -2
     done = first + 2 + 2 * levels
     isz = buf.itemsize
     if rank < 2 * rem and rank % 2 == 0:  # sits out: hand over the buffer, take the result back
         partner = rank + 1
         direct.finish(state, first + 1)  # past ``begin``: the partner may read the buffer
-        direct.wait_for(state, partner, done - 1)
-        if direct.pull(state, partner, buf, direct.address_of(state, partner), iov) != 0:
+        theirs = direct.reach(state, partner, done - 1)
+        if theirs < 0:
+            return direct.MISMATCH
+        if direct.pull(state, partner, buf, theirs, iov) != 0:
             return -1
     else:
         me = rank // 2 if rank < 2 * rem else rank - rem
         if rank < 2 * rem:  # fold the even partner's buffer in
-            direct.wait_for(state, rank - 1, first + 1)
-            if direct.pull_combine(state, rank - 1, buf, direct.address_of(state, rank - 1), piece, iov, code) != 0:
+            theirs = direct.reach(state, rank - 1, first + 1)
+            if theirs < 0:
+                return direct.MISMATCH
+            if direct.pull_combine(state, rank - 1, buf, theirs, piece, iov, code) != 0:
                 return -1
         direct.finish(state, first + 1)
         lo, hi = 0, pof2  # the segments this rank is responsible for
@@ -90,10 +94,11 @@ def _direct(buf, bounds, state, piece, iov, code, divisor):
                 lo = lo + mask
             else:
                 hi = lo + mask
-            direct.wait_for(state, partner, first + 1 + i)
+            theirs = direct.reach(state, partner, first + 1 + i)
+            if theirs < 0:
+                return direct.MISMATCH
             mine = buf[bounds[lo]:bounds[hi]]
-            theirs = direct.address_of(state, partner) + bounds[lo] * isz
-            if direct.pull_combine(state, partner, mine, theirs, piece, iov, code) != 0:
+            if direct.pull_combine(state, partner, mine, theirs + bounds[lo] * isz, piece, iov, code) != 0:
                 return -1
             if i == levels - 1 and divisor != 0:
                 _loops.divide(mine, divisor)
@@ -102,18 +107,21 @@ def _direct(buf, bounds, state, piece, iov, code, divisor):
             mask = 1 << j
             partner = real_rank(me ^ mask, rem)
             theirs_lo = lo ^ mask
-            direct.wait_for(state, partner, first + 1 + levels + j)
+            theirs = direct.reach(state, partner, first + 1 + levels + j)
+            if theirs < 0:
+                return direct.MISMATCH
             a, b = bounds[theirs_lo], bounds[theirs_lo + mask]
-            if direct.pull(state, partner, buf[a:b], direct.address_of(state, partner) + a * isz, iov) != 0:
+            if direct.pull(state, partner, buf[a:b], theirs + a * isz, iov) != 0:
                 return -1
             lo = min(lo, theirs_lo)
             direct.finish(state, first + 2 + levels + j)
         # The caller may change the buffer on return: wait until every rank that reads it has
         # finished its reads (the partners, and the even partner that takes the result back).
         for j in range(levels):
-            direct.wait_for(state, real_rank(me ^ (1 << j), rem), done - 1)
-        if rank < 2 * rem:
-            direct.wait_for(state, rank - 1, done)
+            if direct.wait_for(state, real_rank(me ^ (1 << j), rem), done - 1) != 0:
+                return direct.MISMATCH
+        if rank < 2 * rem and direct.wait_for(state, rank - 1, done) != 0:
+            return direct.MISMATCH
     direct.finish(state, done)
     return 0
 

@@ -34,8 +34,8 @@ TAG = 103
 
 @njit(cache=True, nogil=True)
 def _direct(buf, bounds, state, piece, iov, code, divisor):
-    """The ring with direct reads (``direct.py``); 0, -1 if a read failed, -2 if the ranks'
-    buffers differ (found before any read).
+    """The ring with direct reads (``direct.py``); 0, -1 if a read failed, ``direct.MISMATCH``
+    if the ranks' buffers differ (found before reading the left neighbour, on every rank).
 
     Counters, from ``first``: rank r has finished reduce-scatter step k at ``first + k + 1`` and
     allgather step k at ``first + p + k``. Rank r reads only from its left neighbour, and only
@@ -46,13 +46,13 @@ def _direct(buf, bounds, state, piece, iov, code, divisor):
     rank, size = state[0], state[1]
     right, left = (rank + 1) % size, (rank - 1 + size) % size
     first = direct.begin(state, buf, TAG)
-    if first < 0:
-        return -2
-    theirs = direct.address_of(state, left)
     isz = buf.itemsize
+    theirs = 0
     for k in range(size - 1):  # reduce-scatter
         s = (rank - k - 1 + size) % size
-        direct.wait_for(state, left, first + k)  # the left has folded segment s in (step k - 1)
+        theirs = direct.reach(state, left, first + k)  # the left has folded segment s in (step k - 1)
+        if theirs < 0:
+            return direct.MISMATCH
         mine = buf[bounds[s]:bounds[s + 1]]
         if direct.pull_combine(state, left, mine, theirs + bounds[s] * isz, piece, iov, code) != 0:
             return -1
@@ -61,12 +61,14 @@ def _direct(buf, bounds, state, piece, iov, code, divisor):
         direct.finish(state, first + k + 1)
     for k in range(size - 1):  # allgather
         s = (rank - k + size) % size
-        direct.wait_for(state, left, first + size - 1 + k)  # segment s is final on the left
+        if direct.wait_for(state, left, first + size - 1 + k) != 0:  # segment s is final on the left
+            return direct.MISMATCH
         if direct.pull(state, left, buf[bounds[s]:bounds[s + 1]], theirs + bounds[s] * isz, iov) != 0:
             return -1
         direct.finish(state, first + size + k)
     # The caller may change the buffer on return: wait until the right neighbour has read it.
-    direct.wait_for(state, right, first + 2 * size - 2)
+    if direct.wait_for(state, right, first + 2 * size - 2) != 0:
+        return direct.MISMATCH
     return 0
 
 

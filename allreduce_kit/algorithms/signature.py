@@ -17,9 +17,12 @@ rank's signature, and every rank compares what it receives with its own:
   (MPICH asserts, and ends the job, when a message is not a whole number of the receive
   datatype's elements);
 - on the single-copy and shared-window paths (``direct.py``, ``shared_memory.py``), each rank
-  publishes ``word(buf, algorithm)`` beside its buffer's address, and compares every peer's word
-  with its own before it touches any peer's memory. Every rank reads the same words, so every
-  rank finds the same difference at the same point.
+  publishes ``word(buf, algorithm)`` beside its buffer's address. On the shared window every
+  rank compares every peer's word with its own before it reads any slot, so every rank finds
+  the same difference at the same point. On the single-copy path a rank compares a peer's word
+  when it first reads from or writes into that peer; a rank that finds a difference puts a
+  mark in its step counter that ends every wait on it and makes the waiter stop too, and so
+  every rank learns of it (``direct.py``).
 
 Either way every rank then calls ``mismatch``, which gathers what each rank passed (the only
 communication a mismatch adds) and gives every rank the same ``ValueError``. A tag holds the

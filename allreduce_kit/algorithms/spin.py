@@ -53,10 +53,13 @@ def call(typingctx, address):
 @njit(cache=True, nogil=True)
 def wait_until(address, target, yield_fn):
     """Until the int64 at ``address`` is at least ``target``; yield the core on each turn unless
-    ``yield_fn`` (the address of ``sched_yield``) is 0."""
-    while load_acquire(address) < target:
+    ``yield_fn`` (the address of ``sched_yield``) is 0. Returns the value seen."""
+    seen = load_acquire(address)
+    while seen < target:
         if yield_fn != 0:
             call(yield_fn)
+        seen = load_acquire(address)
+    return seen
 
 
 def address_of_sched_yield() -> int:

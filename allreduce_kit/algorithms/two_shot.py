@@ -37,8 +37,8 @@ TAG = 106
 
 @njit(cache=True, nogil=True)
 def _direct(buf, bounds, state, piece, iov, code, divisor):
-    """Two-shot with direct reads and writes; 0, -1 if a read or write failed, -2 if the ranks'
-    buffers differ (found before any read or write).
+    """Two-shot with direct reads and writes; 0, -1 if a read or write failed,
+    ``direct.MISMATCH`` if the ranks' buffers differ (found before any read or write).
 
     Rank r takes segment r a piece at a time: it reads every peer's copy of the piece and folds
     it in, then writes the finished piece into every peer's buffer. Counters, from ``first``:
@@ -50,9 +50,9 @@ def _direct(buf, bounds, state, piece, iov, code, divisor):
     and writing into it.
     """
     rank, size = state[0], state[1]
-    first = direct.begin(state, buf, TAG)  # every peer has published its buffer, the same as this one
-    if first < 0:
-        return -2
+    first = direct.begin(state, buf, TAG)
+    if direct.wait_all(state, first) != 0:  # every peer has published its buffer, the same as this one
+        return direct.MISMATCH
     isz = buf.itemsize
     start, end = bounds[rank], bounds[rank + 1]
     while start < end:
@@ -72,7 +72,8 @@ def _direct(buf, bounds, state, piece, iov, code, divisor):
         start = stop
     direct.finish(state, first + 1)
     for k in range(1, size):
-        direct.wait_for(state, (rank + k) % size, first + 1)
+        if direct.wait_for(state, (rank + k) % size, first + 1) != 0:
+            return direct.MISMATCH
     return 0
 
 

@@ -195,3 +195,23 @@ def test_shared_memory_fallback_split_between_ranks(comms, who, pieced, monkeypa
     message = run_mismatched(comm, "shared_memory", lengths[rank], "float32")
     assert "buf length differs between ranks" in message
     assert_next_call_works(comm, "shared_memory", split + 1)
+
+
+#: Which ranks pass the longer buffer: one in the middle (at 3 and 5 ranks, one that folds a
+#: partner in, or is folded in, for ``rabenseifner``), and every odd rank.
+PATTERNS = {"middle": lambda r, p: r == p // 2, "odd": lambda r, p: r % 2 == 1}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("pattern", sorted(PATTERNS))
+@pytest.mark.parametrize("algorithm", ["ring", "rabenseifner", "two_shot"])
+def test_direct_mismatch_reaches_every_rank(comms, algorithm, pattern):
+    """By direct reads a rank checks only the peers it reads: the others learn of the mismatch
+    from the ranks that found it, and raise the same error, without a hang."""
+    comm = comms["direct"]
+    p, rank = comm.Get_size(), comm.Get_rank()
+    lengths = [1000 + (1 if PATTERNS[pattern](r, p) else 0) for r in range(p)]
+    message = run_mismatched(comm, algorithm, lengths[rank], "float32")
+    expected = ", ".join(f"rank {r}: {n}" for r, n in enumerate(lengths))
+    assert f"buf length differs between ranks ({expected})" in message
+    assert_next_call_works(comm, algorithm, 1000)
