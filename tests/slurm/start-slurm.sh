@@ -90,6 +90,9 @@ fi
     echo "AuthType=auth/munge"
     echo "CredType=cred/munge"
     echo "StateSaveLocation=$DIR/state"
+    # job ids that an earlier cluster did not use: MPICH names its shared-memory segments after the
+    # job step, and a segment left by a rank killed in an earlier run must not meet a new step's
+    echo "FirstJobId=$(( (RANDOM * 32768 + RANDOM) % 60000000 + 1000 ))"
     echo "SlurmdSpoolDir=$DIR/spool/%n"
     echo "SlurmctldPidFile=$DIR/slurmctld.pid"
     echo "SlurmdPidFile=$DIR/slurmd-%n.pid"
