@@ -147,30 +147,38 @@ def test_kill_9_of_one_rank_of_4_and_the_run_completes_in_the_job_on_3(openmpi, 
                "--straggler", "0:30", "--elastic", "--min-ranks", "3", "--checkpoint-every", "5",
                "--json", str(elastic_json)]
     env = dict(openmpi.environment(), PYTHONUNBUFFERED="1")
-    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=TESTS,
-                           stdin=subprocess.DEVNULL)
-    out, err, killed = [], [], []
+    def launch():
+        job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=TESTS,
+                               stdin=subprocess.DEVNULL)
+        out, err, killed = [], [], []
 
-    def read(stream, into, watch):
-        for line in stream:
-            into.append(line)
-            if watch and not killed and " 2/10  loss" in line:
-                os.kill(_rank_pid(job.pid, 2), signal.SIGKILL)
-                killed.append(line)
-    readers = [threading.Thread(target=read, args=a, daemon=True) for a in ((job.stdout, out, True), (job.stderr, err, False))]
-    for reader in readers:
-        reader.start()
-    try:
-        job.wait(timeout=300)
-    except subprocess.TimeoutExpired:
-        job.terminate()
-        pytest.fail(f"the job did not end within 300 s (a hang?)\n{''.join(out)[-3000:]}\n{''.join(err)[-3000:]}")
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
+        def read(stream, into, watch):
+            for line in stream:
+                into.append(line)
+                if watch and not killed and " 2/10  loss" in line:
+                    os.kill(_rank_pid(job.pid, 2), signal.SIGKILL)
+                    killed.append(line)
+        readers = [threading.Thread(target=read, args=a, daemon=True) for a in ((job.stdout, out, True), (job.stderr, err, False))]
         for reader in readers:
-            reader.join(timeout=10)
+            reader.start()
+        try:
+            job.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            job.terminate()
+            pytest.fail(f"the job did not end within 300 s (a hang?)\n{''.join(out)[-3000:]}\n{''.join(err)[-3000:]}")
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+            for reader in readers:
+                reader.join(timeout=10)
+        return job, out, err, killed
+
+    job, out, err, killed = launch()
+    if not killed and "ompi_mpi_init" in "".join(out + err):
+        # Open MPI's failure detector may take a rank still starting for dead and abort in
+        # MPI_Init, before any step (docs/elastic.md): that is a failed start, not a failed recovery
+        job, out, err, killed = launch()
     text = "".join(out)
     assert killed, f"the run ended before epoch 2:\n{text[-3000:]}\n{''.join(err)[-3000:]}"
     assert job.returncode in (0, 9), f"mpirun exit {job.returncode}\n{text[-3000:]}\n{''.join(err)[-3000:]}"
