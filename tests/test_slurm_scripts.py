@@ -267,6 +267,28 @@ def expected_program_args(script: str, out: Path, plot: bool = True) -> List[str
     return ["-m", f"allreduce_kit.{program}", *files]
 
 
+def _usr1_mid_run(job, script: str, *args: str):
+    """Run ``jobs/SCRIPT ARGS`` with the stubs, send it SIGUSR1 once the trainer has started;
+    returns the process and its output."""
+    _executable(job.submit.parent / "stubs" / "scontrol", RECORD)
+    proc = subprocess.Popen(["bash", str(REPO / "jobs" / script), *args], cwd=job.submit,
+                            env={**job.env, "STUB_WAIT_USR1": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not job.called("python"):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGUSR1)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc, out, err
+
+
 @pytest.mark.parametrize("launcher", ["srun", "mpiexec"])
 @pytest.mark.parametrize("script", sorted(PROGRAMS))
 def test_the_job_runs_the_environments_program_as_documented(job, script, launcher):
@@ -338,22 +360,7 @@ def test_outside_an_allocation_the_script_stops_before_launching(job):
 def test_a_warning_signal_reaches_the_ranks_and_a_stopped_run_is_requeued_then_resumed(job):
     """SIGUSR1 to the batch shell (``--signal=B:USR1@60``) reaches the program through the launcher;
     its status 75 (stopped with a checkpoint) requeues the job; the requeued job passes --resume."""
-    _executable(job.submit.parent / "stubs" / "scontrol", RECORD)
-    proc = subprocess.Popen(["bash", str(REPO / "jobs" / "train.sbatch"), "--epochs", "3"], cwd=job.submit,
-                            env={**job.env, "STUB_WAIT_USR1": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        deadline = time.monotonic() + 30
-        while not job.called("python"):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
-        time.sleep(0.3)
-        proc.send_signal(signal.SIGUSR1)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    proc, out, err = _usr1_mid_run(job, "train.sbatch", "--epochs", "3")
     assert proc.returncode == 75, out + err
     assert "stub got SIGUSR1" in out
     assert job.called("scontrol")[1:] == ["requeue", "4242"]
@@ -395,22 +402,7 @@ def test_the_elastic_job_runs_the_supervisor_with_srun_settings_for_its_launches
 
 
 def test_a_warning_signal_reaches_the_supervisor_and_a_stopped_elastic_run_is_requeued_then_resumed(job):
-    _executable(job.submit.parent / "stubs" / "scontrol", RECORD)
-    proc = subprocess.Popen(["bash", str(REPO / "jobs" / "train-elastic.sbatch")], cwd=job.submit,
-                            env={**job.env, "STUB_WAIT_USR1": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        deadline = time.monotonic() + 30
-        while not job.called("python"):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
-        time.sleep(0.3)
-        proc.send_signal(signal.SIGUSR1)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    proc, out, err = _usr1_mid_run(job, "train-elastic.sbatch")
     assert proc.returncode == 75, out + err
     assert "stub got SIGUSR1" in out
     assert job.called("scontrol")[1:] == ["requeue", "4242"]
