@@ -159,18 +159,23 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
         if lib.nranks == 1 or array.size == 0:
             return buf
         if algorithm == "auto":
-            tuner = lib.state.get(online.Tuner)
-            settled = tuner and tuner.by_nbytes.get(array.nbytes)
-            if settled and settled.quiet:  # a settled size class between its checks: its winner, untimed
-                settled.quiet -= 1
-                algorithm = settled.winner
-            elif tuner is not None or online.tuner_for(lib) is not None:  # exploring, or timing a check
-                lib.state[online.Tuner].call(lib, array if array.ndim == 1 else array.reshape(-1),
-                                             lib.reductions[name], array.nbytes)
-                return buf
-            else:  # online tuning off: the table's choice
-                auto = lib.state.get(selection.Auto)
-                algorithm = (auto and auto.choices.get(array.nbytes)) or selection.choose_for(lib, array.nbytes)
+            fixed = lib.fixed_choices.get(array.nbytes)  # online tuning off, or across nodes
+            if fixed is not None:
+                algorithm = fixed
+            else:
+                tuner = lib.state.get(online.Tuner)
+                settled = tuner and tuner.by_nbytes.get(array.nbytes)
+                if settled and settled.quiet:  # a settled size class between its checks: its winner, untimed
+                    settled.quiet -= 1
+                    algorithm = settled.winner
+                elif tuner is not None or online.tuner_for(lib) is not None:  # exploring, or timing a check
+                    lib.state[online.Tuner].call(lib, array if array.ndim == 1 else array.reshape(-1),
+                                                 lib.reductions[name], array.nbytes)
+                    return buf
+                else:  # online tuning off: the table's choice, which stays
+                    algorithm = selection.choose_for(lib, array.nbytes)
+                    if len(lib.fixed_choices) < selection.MEMO_SIZES:
+                        lib.fixed_choices[array.nbytes] = algorithm
         ALGORITHMS[algorithm](lib, array if array.ndim == 1 else array.reshape(-1), lib.reductions[name])
     finally:
         INSPECTOR.current = None

@@ -44,6 +44,9 @@ class LibraryComm(MPI.Intracomm):
         #: type -> the instance an algorithm or transport attached (``attach``); ``None`` where
         #: it found it cannot be used on this communicator.
         self.state: Dict[type, object] = {}
+        #: ``auto``'s choice by message size where it cannot change (online tuning off, or a
+        #: communicator across nodes): the first thing ``allreduce`` reads for ``auto``.
+        self.fixed_choices: Dict[int, str] = {}
         self._scratch: Dict[int, np.ndarray] = {}
         self._views: Dict[tuple, np.ndarray] = {}
         self.watch = INSPECTOR.watch(self)
