@@ -18,7 +18,7 @@ lengths fall on both sides of its split.
 from mpi4py import MPI
 
 from . import native, register
-from .fold import fold_in, fold_of, fold_out
+from .fold import Fold, fold_in, fold_of, fold_out
 from .pieces import sendrecv_combine
 from .signature import BAD, MORE, mismatch, received, recv, sendrecv, tag as signature
 
@@ -28,7 +28,7 @@ TAG = 104
 @register("recursive_doubling")
 def allreduce(comm, buf, op, name: str = "recursive_doubling"):
     """``name``: the algorithm the caller asked for, for the error if the ranks' buffers differ."""
-    fold = fold_of(comm)
+    fold = comm.state.get(Fold) or fold_of(comm)
     tag = signature(buf, TAG)
     if fold.rem:
         tag = fold_in(comm, buf, op, fold, tag)
@@ -44,8 +44,9 @@ def allreduce(comm, buf, op, name: str = "recursive_doubling"):
                 if done < len(partners):  # a partner's tag or size differed: take over after that step
                     tag = _took_over(comm, buf, compiled, partners[-1 - done], tag)
                     done += 1
-        for k in range(len(partners) - 1 - done, -1, -1):
-            tag = sendrecv_combine(comm, buf, partners[k], buf, partners[k], tag, op, k == 0, 1)
+        if done < len(partners):
+            for k in range(len(partners) - 1 - done, -1, -1):
+                tag = sendrecv_combine(comm, buf, partners[k], buf, partners[k], tag, op, k == 0, 1)
         if tag & BAD:  # the steps of ``rabenseifner``'s allgather, for ``shared_memory``'s fallback
             empty = buf[:0]
             for partner in partners:

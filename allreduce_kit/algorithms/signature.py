@@ -62,10 +62,19 @@ def _low_bits() -> int:
 
 def tag(buf: np.ndarray, algorithm: int) -> int:
     """The tag of ``buf``'s messages for ``algorithm`` (its module's ``TAG``: distinct mod 8)."""
-    low = LOW_BITS or _low_bits()
-    size = buf.size
-    mixed = (_CODES[buf.dtype] + 4 * algorithm + 7 * (size >> low)) & 31
-    return ((mixed << low) | (size & ((1 << low) - 1))) << 2
+    key = (buf.size, buf.dtype.num, algorithm)
+    found = _TAGS.get(key)
+    if found is None:  # a new length, dtype or algorithm: computed once (a loop's calls repeat them)
+        if len(_TAGS) >= 4096:
+            _TAGS.clear()
+        low = LOW_BITS or _low_bits()
+        size = buf.size
+        mixed = (_CODES[buf.dtype] + 4 * algorithm + 7 * (size >> low)) & 31
+        found = _TAGS[key] = ((mixed << low) | (size & ((1 << low) - 1))) << 2
+    return found
+
+
+_TAGS: dict = {}
 
 
 def send(comm, buf: np.ndarray, dest: int, tag: int) -> None:
