@@ -1,14 +1,16 @@
 """PyTorch data-parallel step time: allreduce_kit.torch beside DDP over Gloo, in one run.
 
-Four versions of the same training step run in turn, in the same processes, on the same
+Five versions of the same training step run in turn, in the same processes, on the same
 model, batch and ranks:
 
 - ``floor``: forward, backward and SGD update with no communication at all, the least any
   data-parallel implementation can take;
 - ``allreduce_kit``: ``allreduce_kit.torch.DistributedOptimizer`` with its defaults (gradients
-  reduced during backward only where a node has a core to spare, else in ``step()``);
+  reduced during backward where a node has a core to spare or they fill more than one bucket,
+  else in ``step()``);
 - ``allreduce_kit+overlap``: the same with ``overlap=True``: buckets of ``--bucket-mb`` reduced
   on the background thread while backward runs;
+- ``allreduce_kit+in_step``: the same with ``overlap=False``: one bucket reduced in ``step()``;
 - ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` over the Gloo backend, its defaults.
 
 Each round runs every version for ``--warmup`` untimed and ``--steps`` timed steps, in an order
@@ -50,8 +52,8 @@ MODELS = {
     "mlp": {"layers": (64, 256, 10), "batch": 128, "steps": 200, "warmup": 20},
     "10m": {"layers": (1024, 2048, 2048, 2048, 10), "batch": 32, "steps": 20, "warmup": 3},
 }
-VERSIONS = ("floor", "allreduce_kit", "allreduce_kit+overlap", "ddp")
-OURS = ("allreduce_kit", "allreduce_kit+overlap")
+VERSIONS = ("floor", "allreduce_kit", "allreduce_kit+overlap", "allreduce_kit+in_step", "ddp")
+OURS = ("allreduce_kit", "allreduce_kit+overlap", "allreduce_kit+in_step")
 
 
 def target(model: str, ranks: int) -> Dict:
@@ -147,6 +149,9 @@ def run_model(name: str, args, comm: MPI.Intracomm) -> Dict:
         "allreduce_kit+overlap": hvd.DistributedOptimizer(
             sgd(models["allreduce_kit+overlap"]), named_parameters=models["allreduce_kit+overlap"].named_parameters(),
             bucket_mb=args.bucket_mb, overlap=True),
+        "allreduce_kit+in_step": hvd.DistributedOptimizer(
+            sgd(models["allreduce_kit+in_step"]), named_parameters=models["allreduce_kit+in_step"].named_parameters(),
+            overlap=False),
     }
     ddp = nn.parallel.DistributedDataParallel(models["ddp"])
     steps_of = {"floor": step_function(models["floor"], sgd(models["floor"]), x, y),

@@ -24,6 +24,7 @@ from ..collective import op_name
 from ..comm import LibraryComm, library_comm
 from ..reduction import OPS
 from ..stall import INSPECTOR
+from ..topology import Topology, user_threads
 from . import tensors
 from .compression import Compression, check_compression
 from .tensors import as_bytes, as_numpy, check_tensor
@@ -87,7 +88,8 @@ def init(comm: Optional[MPI.Intracomm] = None) -> None:
     """Start: every later call works over the ranks of ``comm`` (default ``COMM_WORLD``).
 
     Collective over ``comm``. Calling it again is a no-op; to change communicator, call
-    ``shutdown()`` first.
+    ``shutdown()`` first. Where the node's ranks would ask torch for more threads than the node
+    has cores, lowers torch's threads to this rank's share (``share_cores``).
     """
     global _state, _exit_registered
     if comm is not None:
@@ -103,9 +105,22 @@ def init(comm: Optional[MPI.Intracomm] = None) -> None:
             return
         raise ValueError("init: already initialized over another communicator; call shutdown() first")
     _state = _State(MPI.COMM_WORLD if comm is None else comm)
+    share_cores(_state.layout)
     if not _exit_registered:
         atexit.register(_stop_worker)  # before mpi4py finalizes MPI: it registered first
         _exit_registered = True
+
+
+def share_cores(layout: Topology) -> int:
+    """Lower torch's intra-op threads to this rank's share of its node's cores (``layout.threads()``:
+    cores // ranks on the node, at least one) where its ranks would otherwise ask for more
+    threads than the node has cores; never raise them. ``OMP_NUM_THREADS`` or
+    ``NUMBA_NUM_THREADS``, if set, is the user's choice and left alone. Returns the threads."""
+    threads = torch.get_num_threads()
+    if user_threads() is None and layout.local_size * threads > layout.cores_per_node[layout.node]:
+        threads = min(threads, layout.threads())
+        torch.set_num_threads(threads)
+    return threads
 
 
 def shutdown() -> None:

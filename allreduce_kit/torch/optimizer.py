@@ -12,9 +12,10 @@ bucket order only, so every rank issues the same reductions in the same order. T
 bucket (the first layers, whose gradients come last) is reduced by ``step()`` itself, on the
 calling thread: nothing is left to overlap with it, and a hand-over would only add latency.
 
-The background thread is used where it can hide something: by default only where every node
-has a core to spare beyond its ranks' torch threads (``overlap_choice``); elsewhere every
-bucket is reduced in ``step()``, by default as one bucket. ``step()`` (or ``synchronize()``)
+The background thread is used where it can hide something: by default where every node has a
+core to spare beyond its ranks' torch threads, or where the gradients fill more than one
+bucket of ``BUCKET_MB`` (``overlap_choice``); elsewhere every bucket is reduced in
+``step()``, by default as one bucket. ``step()`` (or ``synchronize()``)
 hands over what is left, waits only for what is still in flight, then runs the wrapped
 optimizer's update. Every step's timing is kept for ``report()``: the straggler report, and
 the share of the reduction time hidden behind backward.
@@ -41,14 +42,16 @@ from .timing import Timing
 BUCKET_MB = 25.0
 
 
-def overlap_choice(overlap: Optional[bool]) -> Tuple[bool, str]:
+def overlap_choice(overlap: Optional[bool], nbytes: int = 0) -> Tuple[bool, str]:
     """Whether this rank would reduce buckets on the background thread, and why.
 
-    ``None`` (the default) decides from where the ranks sit: only if this node has a core left
-    for the thread beyond its ranks' torch threads. Within a node a reduction is CPU work (and
-    MPI polls while it waits), so on cores that backward keeps busy the thread takes time from
-    backward instead of hiding behind it: measured on 2 cores at 2 ranks, a 42 MB gradient in
-    25 MB buckets during backward cost more than one bucket reduced in ``step()``.
+    ``None`` (the default) decides from where the ranks sit and from ``nbytes``, the size of
+    the gradients: yes if this node has a core left for the thread beyond its ranks' torch
+    threads; else only if the gradients fill more than one bucket of ``BUCKET_MB``. On cores
+    that backward keeps busy the thread takes its time from backward, which pays only where
+    there is much to reduce: measured on 2 cores, a 42 MB gradient in 25 MB buckets during
+    backward added less to the step than one bucket reduced in ``step()`` at 2, 4 and 8 ranks
+    (docs/pytorch.md), while a model of one bucket has nothing to overlap.
     """
     s = mpi_ops.state()
     if s.size == 1:
@@ -59,11 +62,19 @@ def overlap_choice(overlap: Optional[bool]) -> Tuple[bool, str]:
         return overlap, "overlap=True" if overlap else "overlap=False"
     layout, threads = s.layout, torch.get_num_threads()
     cores = layout.cores_per_node[layout.node]
-    need = layout.local_size * (threads + 1)
     where = f"{layout.local_size} ranks x {threads} torch thread{'s' if threads > 1 else ''} on {cores} cores"
-    if cores >= need:
+    if _core_to_spare(s):
         return True, f"a core to spare for it ({where})"
-    return False, f"no core to spare for it ({where}); overlap=True forces it"
+    if nbytes > BUCKET_MB * 1e6:
+        return True, f"{nbytes / 1e6:.1f} MB of gradients, more than one {BUCKET_MB:g} MB bucket ({where})"
+    return False, (f"no core to spare for it ({where}) and {nbytes / 1e6:.1f} MB of gradients, one {BUCKET_MB:g} MB "
+                   f"bucket at most; overlap=True forces it")
+
+
+def _core_to_spare(s) -> bool:
+    """Whether this node has a core for a background thread beyond its ranks' torch threads."""
+    layout = s.layout
+    return layout.cores_per_node[layout.node] >= layout.local_size * (torch.get_num_threads() + 1)
 
 
 class _Bucket:
@@ -145,12 +156,13 @@ class _DistributedOptimizer:
     def _distribute(self, named: List[Tuple[str, torch.Tensor]], compression: Any, backward_passes_per_step: int,
                     op: str, gradient_predivide_factor: float, bucket_mb: Optional[float], overlap: Optional[bool]) -> None:
         s = mpi_ops.state()
-        background, why = overlap_choice(overlap)
+        background, why = overlap_choice(overlap, sum(p.numel() * p.element_size() for _, p in named))
         if s.size > 1 and overlap is None:   # every rank must cut the same buckets: all or none overlap
             with INSPECTOR.watching(s.lib.watch, "DistributedOptimizer: choosing where buckets are reduced"):
                 vote = s.lib.allreduce(int(background), op=MPI.MIN)
             if background and not vote:
-                background, why = False, "some node has no core to spare for it; overlap=True forces it"
+                background, why = False, ("some node has no core to spare for it and the gradients fit one "
+                                          "bucket; overlap=True forces it")
         if bucket_mb is None:
             bucket_mb = BUCKET_MB if background else 0.0
         self._size = s.size
@@ -177,6 +189,9 @@ class _DistributedOptimizer:
         self._background = background and len(self._buckets) > 1
         if s.size > 1 and compression is Compression.none:
             _into_window(self, s)
+            if self._background and not _core_to_spare(s):   # the thread shares busy cores: no spinning
+                for shared in {id(b.shared): b.shared for b in self._buckets if b.shared is not None}.values():
+                    shared.yield_while_waiting()
         if s.size > 1:
             ref = weakref.ref(self)
             for index, p in enumerate(self._params):
@@ -428,7 +443,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     Collective. Returns an optimizer of the same class (``isinstance`` holds, learning-rate
     schedulers work) sharing the wrapped one's parameter groups and state. Gradients are
     reduced in buckets of at most ``bucket_mb`` MB while backward runs (module docstring) where
-    ``overlap`` is True, or None and every node has a core to spare (``overlap_choice``);
+    ``overlap`` is True, or None and every node has a core to spare or the gradients fill more
+    than one bucket of ``BUCKET_MB`` (``overlap_choice``);
     otherwise in ``step()``, in one bucket unless ``bucket_mb`` says otherwise;
     ``backward_passes_per_step`` backward passes are accumulated locally before a step;
     ``op`` is ``Average`` or ``Sum``; ``compression=Compression.fp16`` sends 2-byte floats.

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from ..algorithms.spin import NodeWindow, node_of, store_release, wait_until
+from ..algorithms.spin import NodeWindow, address_of_sched_yield, node_of, store_release, wait_until
 from ..kernels import reduce as _loops
 from ..stall import INSPECTOR
 
@@ -110,6 +110,13 @@ class SharedBuckets:
             self.flats.append(torch.from_numpy(area[rank * (row // itemsize):rank * (row // itemsize) + count]))
         INSPECTOR.start()
         node.Barrier()  # every flag is 0 before any rank raises one
+
+    def yield_while_waiting(self) -> None:
+        """Give up the core on every turn of a wait for another rank's flag from now on (the
+        window spins without yielding unless the node has more ranks than cores): for a
+        background thread on cores that backward keeps busy, where a spinning wait would take
+        its time from backward."""
+        self.state[3] = address_of_sched_yield()
 
     def reduce(self, k: int, op: str, what: str) -> None:
         """Reduce bucket ``k`` (``flats[k]`` on every rank) in place with ``op`` (sum or mean)."""

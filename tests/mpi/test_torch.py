@@ -454,6 +454,43 @@ def test_by_default_buckets_are_reduced_during_backward_only_with_a_core_to_spar
 
 
 @pytest.mark.mpi
+def test_by_default_gradients_of_more_than_one_bucket_are_reduced_during_backward():
+    from allreduce_kit.torch.optimizer import overlap_choice
+    spare = overlap_choice(None, 0)[0]          # a core to spare on this node, or not
+    small = overlap_choice(None, int(hvd.BUCKET_MB * 1e6))
+    large = overlap_choice(None, int(hvd.BUCKET_MB * 1e6) + 1)
+    assert small[0] == spare
+    assert large[0] == (P > 1 and THREADED), large[1]
+    if P > 1 and THREADED and not spare:
+        assert "one 25 MB bucket at most" in small[1] and "more than one 25 MB bucket" in large[1]
+    assert overlap_choice(False, 10 ** 9)[0] is False
+    assert overlap_choice(True, 0)[0] == (P > 1 and THREADED)
+    assert_quiet()
+
+
+@pytest.mark.mpi
+def test_torch_threads_are_lowered_to_the_share_of_the_cores_unless_the_user_set_them(monkeypatch):
+    from allreduce_kit.topology import Topology
+    before = torch.get_num_threads()
+    four_on_two = Topology.from_parts(0, [0, 0, 0, 0], [2])
+    two_on_eight = Topology.from_parts(0, [0, 0], [8])
+    try:
+        for name in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):
+            monkeypatch.delenv(name, raising=False)
+        torch.set_num_threads(3)
+        assert mpi_ops.share_cores(four_on_two) == 1 and torch.get_num_threads() == 1
+        torch.set_num_threads(3)
+        assert mpi_ops.share_cores(two_on_eight) == 3 and torch.get_num_threads() == 3   # 6 <= 8: left alone
+        torch.set_num_threads(2)
+        assert mpi_ops.share_cores(Topology.from_parts(0, [0, 0, 0], [4])) == 1   # 3 x 2 > 4: 4 // 3
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        torch.set_num_threads(3)
+        assert mpi_ops.share_cores(four_on_two) == 3 and torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.mpi
 def test_timing_for_a_loop_of_ones_own():
     timing = hvd.Timing()
     grad = torch.ones(100)
