@@ -77,17 +77,6 @@ def thread_counters() -> list:
     return [run, wait, slices, usage.ru_nvcsw, usage.ru_nivcsw]
 
 
-def scheduler_group() -> str:
-    """This process's autogroup (one per session where the kernel has them), or its cgroup."""
-    for path in ("/proc/self/autogroup", "/proc/self/cgroup"):
-        try:
-            with open(path) as handle:
-                return handle.read().split()[0]
-        except (OSError, IndexError):
-            continue
-    return "?"
-
-
 def work(args: argparse.Namespace) -> None:
     import time
 
@@ -101,9 +90,10 @@ def work(args: argparse.Namespace) -> None:
     from mpi4py import MPI
 
     from allreduce_kit import allreduce, plan
+    from allreduce_kit.algorithms import spin
 
     comm = MPI.COMM_WORLD.Dup()
-    groups = len(set(comm.allgather(scheduler_group())))
+    groups = len(set(comm.allgather(spin.scheduler_group())))
     results = {}
     for nbytes in args.bytes:
         buf = np.ones(nbytes // 4, np.float32)

@@ -13,22 +13,21 @@ from allreduce_kit import config
 from allreduce_kit.algorithms import spin
 
 
-@pytest.mark.parametrize("oversubscribed,groups,requested,blocking,expected", [
-    (False, ["a", "b"], "auto", True, "spin"),      # a core each: nothing to hand over
-    (True, ["a", "a", "a"], "auto", True, "yield"),  # one group: sched_yield reaches the others
-    (True, ["a", "b", "a"], "auto", True, "yield"),  # groups apart: sleeping pays only on a busy machine
-    (True, ["a", "b"], "block", False, "yield"),    # no futex here
-    (True, ["a", "b"], "yield", True, "yield"),
-    (False, ["a"], "block", True, "block"),
-    (True, ["a"], "spin", True, "spin"),
+@pytest.mark.parametrize("oversubscribed,requested,blocking,expected", [
+    (False, "auto", True, "spin"),     # a core each: nothing to hand over
+    (True, "auto", True, "yield"),     # sleeping pays only on a machine busy with other work
+    (True, "block", False, "yield"),   # no futex here
+    (True, "yield", True, "yield"),
+    (False, "block", True, "block"),
+    (True, "spin", True, "spin"),
 ])
-def test_wait_mode(oversubscribed, groups, requested, blocking, expected):
-    assert spin.wait_mode(oversubscribed, groups, requested, blocking) == expected
+def test_wait_mode(oversubscribed, requested, blocking, expected):
+    assert spin.wait_mode(oversubscribed, requested, blocking) == expected
 
 
 def test_an_unknown_wait_mode_is_refused():
     with pytest.raises(ValueError, match="wait mode"):
-        spin.wait_mode(True, ["a"], "nap")
+        spin.wait_mode(True, "nap")
     with pytest.raises(ValueError, match="ALLREDUCE_KIT_WAIT='nap'"):
         config.read(config.WAIT, {"ALLREDUCE_KIT_WAIT": "nap"})
     assert config.read(config.WAIT, {"ALLREDUCE_KIT_WAIT": " Block "}) == "block"

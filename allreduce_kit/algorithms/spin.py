@@ -17,8 +17,8 @@ rank of the node):
   launcher (hydra) starts every rank in a session of its own, and ``sched_yield`` hands the
   core only within a group; on a machine busy with other work a yielding rank then keeps the
   core it waits on, and sleeping is several times faster. On an idle machine yielding is (each
-  wake costs a system call and a trip through the scheduler), so ``auto`` yields; the choice,
-  and the scheduler groups the ranks sit in (``scheduler_group``), are the window's.
+  wake costs a system call and a trip through the scheduler), so ``auto`` yields
+  (``scheduler_group`` tells which group a process runs in).
 
 ``ALLREDUCE_KIT_WAIT`` overrides the choice.
 """
@@ -232,10 +232,10 @@ def scheduler_group() -> str:
     return "|".join(parts)
 
 
-def wait_mode(oversubscribed: bool, groups: Sequence[str], requested: str = "auto", blocking: bool = True) -> str:
+def wait_mode(oversubscribed: bool, requested: str = "auto", blocking: bool = True) -> str:
     """How the ranks of a node wait (module docstring): ``requested`` unless ``auto``; else
-    ``spin`` if every rank has a core, or ``yield``, whether or not the ranks (their
-    ``scheduler_group``s) share a group. ``block`` becomes ``yield`` where ``blocking`` is False."""
+    ``spin`` if every rank has a core, or ``yield``, in one scheduler group or several.
+    ``block`` becomes ``yield`` where ``blocking`` (``can_block`` on every rank) is False."""
     if requested not in ("auto", *MODES):
         raise ValueError(f"wait mode must be one of auto, {', '.join(MODES)}; got {requested!r}")
     if requested == "auto":
@@ -280,8 +280,7 @@ class NodeWindow:
     def __init__(self, node: MPI.Intracomm, nbytes: int, oversubscribed: bool):
         self.node = node
         requested = config.read(config.WAIT) if node.Get_rank() == 0 else None
-        groups = node.allgather(scheduler_group())
-        self.mode = wait_mode(oversubscribed, groups, node.bcast(requested), node.allreduce(can_block(), MPI.LAND))
+        self.mode = wait_mode(oversubscribed, node.bcast(requested), node.allreduce(can_block(), MPI.LAND))
         self.record = wait_record(self.mode)
         self.wait = self.record.ctypes.data
         # Rank 0 allocates the whole window, so it is one contiguous block for every rank.
