@@ -279,8 +279,17 @@ class NodeWindow:
 
     def __init__(self, node: MPI.Intracomm, nbytes: int, oversubscribed: bool):
         self.node = node
-        requested = config.read(config.WAIT) if node.Get_rank() == 0 else None
-        self.mode = wait_mode(oversubscribed, node.bcast(requested), node.allreduce(can_block(), MPI.LAND))
+        requested: object = None
+        if node.Get_rank() == 0:
+            try:
+                requested = config.read(config.WAIT)
+            except ValueError as error:  # raised on every rank, not on rank 0 alone
+                requested = error
+        requested = node.bcast(requested)
+        if isinstance(requested, ValueError):
+            node.Free()
+            raise ValueError(str(requested))
+        self.mode = wait_mode(oversubscribed, requested, node.allreduce(can_block(), MPI.LAND))
         self.record = wait_record(self.mode)
         self.wait = self.record.ctypes.data
         # Rank 0 allocates the whole window, so it is one contiguous block for every rank.

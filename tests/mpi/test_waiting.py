@@ -47,3 +47,23 @@ def test_every_wait_mode_gives_the_exact_sum(mode):
             os.environ.pop("ALLREDUCE_KIT_WAIT", None)
         else:
             os.environ["ALLREDUCE_KIT_WAIT"] = before
+
+
+@pytest.mark.mpi
+def test_a_bad_wait_mode_on_rank_0_raises_on_every_rank():
+    before = os.environ.get("ALLREDUCE_KIT_WAIT")
+    comm = MPI.COMM_WORLD.Dup()
+    if comm.Get_rank() == 0:
+        os.environ["ALLREDUCE_KIT_WAIT"] = "nap"
+    try:
+        lib = library_comm(comm)
+        if comm.Get_size() > 1 and lib.layout.single_node:
+            with pytest.raises(ValueError, match="ALLREDUCE_KIT_WAIT"):
+                allreduce(np.ones(4, np.float32), algorithm="shared_memory", comm=comm)
+        comm.Barrier()
+    finally:
+        if before is None:
+            os.environ.pop("ALLREDUCE_KIT_WAIT", None)
+        else:
+            os.environ["ALLREDUCE_KIT_WAIT"] = before
+        release(comm)
