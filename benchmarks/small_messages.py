@@ -89,7 +89,7 @@ def work(args: argparse.Namespace) -> None:
     import numpy as np
     from mpi4py import MPI
 
-    from allreduce_kit import allreduce, plan
+    from allreduce_kit import allreduce, library_comm, online, plan
     from allreduce_kit.algorithms import spin
 
     comm = MPI.COMM_WORLD.Dup()
@@ -98,6 +98,8 @@ def work(args: argparse.Namespace) -> None:
     for nbytes in args.bytes:
         buf = np.ones(nbytes // 4, np.float32)
         planned = plan(buf)
+        while online.exploring(library_comm(MPI.COMM_WORLD), buf.nbytes):  # auto's online tuning, untimed
+            allreduce(buf)
         calls = {"auto": lambda: allreduce(buf), "plan": planned,
                  "mpi": lambda: comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)}
         for way in WAYS:
