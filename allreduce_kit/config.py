@@ -60,6 +60,14 @@ def online_mode(text: str) -> str:
     return "on" if boolean(lowered) else "off"
 
 
+def wait_mode(text: str) -> str:
+    """``auto``, ``spin``, ``yield`` or ``block`` (any case)."""
+    lowered = text.strip().lower()
+    if lowered not in ("auto", "spin", "yield", "block"):
+        raise ValueError("expected auto, spin, yield or block")
+    return lowered
+
+
 @dataclass(frozen=True)
 class Setting:
     """One environment variable: its name, parser, default and a line for the docs."""
@@ -90,6 +98,10 @@ DIRECT = Setting("ALLREDUCE_KIT_DIRECT", boolean, True,
 YIELD = Setting("ALLREDUCE_KIT_YIELD", boolean, True,
                 "the CLIs and python -m allreduce_kit.run set MPIR_CVAR_ENABLE_HEAVY_YIELD=1 before MPI "
                 "starts when a node has more ranks than cores; 0 leaves it alone")
+WAIT = Setting("ALLREDUCE_KIT_WAIT", wait_mode, "auto",
+               "how ranks wait on a node's shared flags: spin, yield (sched_yield each turn) or block (a few "
+               "yields, then sleep until woken); auto: spin if every rank has a core, else yield; block is "
+               "faster only on a machine busy with other work; rank 0's value holds for the node")
 ABORT_ON_ERROR = Setting("ALLREDUCE_KIT_ABORT_ON_ERROR", boolean, True,
                          "the CLIs and python -m allreduce_kit.run abort the whole job when one rank "
                          "raises an uncaught exception; 0 leaves the default (the other ranks hang)")
@@ -104,8 +116,8 @@ ELASTIC_TIMEOUT = Setting("ALLREDUCE_KIT_ELASTIC_TIMEOUT", seconds, 10.0,
                           "supervisor's host are watched")
 
 #: Every setting, in the order of the docs' table.
-SETTINGS: Tuple[Setting, ...] = (STALL_TIMEOUT, CHECK, TUNING, ONLINE_TUNING, DIRECT, YIELD, ABORT_ON_ERROR,
-                                 ELASTIC_DIR, ELASTIC_TIMEOUT)
+SETTINGS: Tuple[Setting, ...] = (STALL_TIMEOUT, CHECK, TUNING, ONLINE_TUNING, DIRECT, YIELD, WAIT,
+                                 ABORT_ON_ERROR, ELASTIC_DIR, ELASTIC_TIMEOUT)
 
 def read(setting: Setting, environ: Optional[Mapping[str, str]] = None) -> Any:
     """The setting's value from ``environ`` (default ``os.environ``), or its default if unset.

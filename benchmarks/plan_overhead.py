@@ -73,12 +73,14 @@ def work(args: argparse.Namespace) -> None:
     import numpy as np
     from mpi4py import MPI
 
-    from allreduce_kit import allreduce, plan
+    from allreduce_kit import allreduce, library_comm, online, plan
 
     comm = MPI.COMM_WORLD.Dup()
     rank = comm.Get_rank()
     buf = np.ones(args.bytes // 4, np.float32)
     planned = plan(buf, op=args.op)
+    while online.exploring(library_comm(MPI.COMM_WORLD), buf.nbytes):  # auto's online tuning, untimed
+        allreduce(buf, op=args.op)
     mpi_op = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}[args.op]
     bare = None
     if args.path:

@@ -13,6 +13,18 @@ size, after a barrier, and reads from Linux, for the calling thread, before and 
 prints the slowest rank's wall time and the mean over ranks of the rest, as medians over the
 repeats, one table per MPI. A call that costs many slices per rank is paid in context switches,
 not in the algorithm.
+
+Whether ranks share a scheduler group matters when they share cores: Linux's autogroups give
+every session a group of its own, and MPICH's launcher (hydra) starts every rank in a session of
+its own, Open MPI's in the launcher's. ``--own-session`` makes each rank start a session of its
+own before MPI starts, as hydra does, where it can: under ``--mpi mpich-gforker`` (MPICH under
+its ``gforker`` launcher, whose ranks keep the launcher's session), not under Open MPI, whose
+ranks each lead a process group and so may not. Each table says in how many scheduler groups
+the ranks ran, so MPICH under its two launchers is the same MPI library with and without a
+group per rank:
+
+    python benchmarks/small_messages.py --ranks 8 --mpi mpich mpich-gforker openmpi
+    python benchmarks/small_messages.py --ranks 8 --mpi mpich-gforker --own-session
 """
 import argparse
 import json
@@ -38,8 +50,13 @@ def parse(argv=None) -> argparse.Namespace:
                         help="message sizes in bytes, multiples of 4 (default 4 1024)")
     parser.add_argument("--calls", type=int, default=2000, help="calls timed per way and size (default 2000)")
     parser.add_argument("--repeats", type=int, default=3, help="runs under each MPI, alternating (default 3)")
-    parser.add_argument("--mpi", nargs="+", choices=("mpich", "openmpi"), default=["mpich", "openmpi"],
-                        help="which MPIs to run under (default both)")
+    parser.add_argument("--mpi", nargs="+", choices=("mpich", "openmpi", "mpich-gforker"),
+                        default=["mpich", "openmpi"], help="which MPIs and launchers to run under (default "
+                        "mpich openmpi; mpich-gforker: MPICH's other launcher, single node)")
+    parser.add_argument("--wait", nargs="+", choices=("auto", "spin", "yield", "block"), default=["auto"],
+                        help="ALLREDUCE_KIT_WAIT for the ranks, each in turn within a repeat (default auto)")
+    parser.add_argument("--own-session", action="store_true",
+                        help="each rank starts a session of its own before MPI starts, as MPICH's hydra does")
     parser.add_argument("--json", type=Path, help="also write every sample to this file")
     parser.add_argument("--worker", type=Path, help="run as one rank of the job, writing to this file (the "
                                                      "launcher passes it)")
@@ -63,16 +80,26 @@ def thread_counters() -> list:
 def work(args: argparse.Namespace) -> None:
     import time
 
+    if args.own_session:
+        try:
+            os.setsid()
+        except OSError:  # a session leader already (hydra's ranks) or a group leader (Open MPI's)
+            pass
+
     import numpy as np
     from mpi4py import MPI
 
-    from allreduce_kit import allreduce, plan
+    from allreduce_kit import allreduce, library_comm, online, plan
+    from allreduce_kit.algorithms import spin
 
     comm = MPI.COMM_WORLD.Dup()
+    groups = len(set(comm.allgather(spin.scheduler_group())))
     results = {}
     for nbytes in args.bytes:
         buf = np.ones(nbytes // 4, np.float32)
         planned = plan(buf)
+        while online.exploring(library_comm(MPI.COMM_WORLD), buf.nbytes):  # auto's online tuning, untimed
+            allreduce(buf)
         calls = {"auto": lambda: allreduce(buf), "plan": planned,
                  "mpi": lambda: comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)}
         for way in WAYS:
@@ -92,23 +119,25 @@ def work(args: argparse.Namespace) -> None:
                 results[f"{way} {nbytes}"] = [float(rows[:, 0].max()), *map(float, rows[:, 1:].mean(axis=0))]
     if comm.Get_rank() == 0:
         library = " ".join(MPI.Get_library_version().split("\n")[0].split(",")[0].split())
-        args.worker.write_text(json.dumps({"mpi": library, "results": results}))
+        args.worker.write_text(json.dumps({"mpi": library, "groups": groups, "results": results}))
 
 
-def launch(args: argparse.Namespace, mpi: str, out: Path) -> str:
+def launch(args: argparse.Namespace, mpi: str, wait: str, out: Path) -> str:
     worker = [str(HERE), "--worker", str(out), "--calls", str(args.calls), "--bytes", *map(str, args.bytes)]
+    worker += ["--own-session"] if args.own_session else []
     if mpi == "openmpi":
         sys.path.insert(0, str(HERE.parent))
         import openmpi_env
 
         found = openmpi_env.ensure()
-        command, env = found.command(args.ranks, worker), found.environment()
+        command, env = found.command(args.ranks, worker), found.environment(dict(os.environ, ALLREDUCE_KIT_WAIT=wait))
     else:
-        command = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(args.ranks), sys.executable,
+        launcher = "mpiexec.gforker" if mpi == "mpich-gforker" else "mpiexec"
+        command = [str(Path(sys.executable).parent / launcher), "-n", str(args.ranks), sys.executable,
                    "-m", "allreduce_kit.run", *worker]
-        env = dict(os.environ)
+        env = dict(os.environ, ALLREDUCE_KIT_WAIT=wait)
     subprocess.run(command, env=env, stdin=subprocess.DEVNULL, timeout=1800, check=True)
-    return " ".join(command)
+    return f"ALLREDUCE_KIT_WAIT={wait} " + " ".join(command)
 
 
 def main() -> int:
@@ -116,17 +145,19 @@ def main() -> int:
     if args.worker:
         work(args)
         return 0
-    samples = {mpi: [] for mpi in args.mpi}
+    runs = [f"{mpi} wait={wait}" for mpi in args.mpi for wait in args.wait]
+    samples = {run: [] for run in runs}
     names = {}
     with tempfile.TemporaryDirectory() as folder:
         for repeat in range(args.repeats):
-            for mpi in args.mpi:
-                out = Path(folder) / f"{mpi}-{repeat}.json"
-                print("$ " + launch(args, mpi, out), flush=True)
+            for run in runs:
+                mpi, wait = run.split(" wait=")
+                out = Path(folder) / f"{mpi}-{wait}-{repeat}.json"
+                print("$ " + launch(args, mpi, wait, out), flush=True)
                 found = json.loads(out.read_text())
-                names[mpi] = found["mpi"]
-                samples[mpi].append(found["results"])
-    for mpi in args.mpi:
+                names[run] = f"{found['mpi']} ({run}, ranks in {found['groups']} scheduler group(s))"
+                samples[run].append(found["results"])
+    for mpi in runs:
         print(f"\n{names[mpi]}, {args.ranks} ranks: per call, median of {args.repeats} runs; wall: slowest rank, "
               f"the rest: mean over ranks")
         print(f"  {'way':6s} {'bytes':>6s} " + " ".join(f"{f:>11s}" for f in FIELDS))

@@ -10,7 +10,9 @@ both alike. Both runs use the same interpreter and the same ``allreduce_kit``; o
 library under mpi4py, and the launcher, differ. Then prints, per rank count and size, medians
 over the repeats of: ``auto`` and the fastest of our algorithms (MPICH runs), MPICH's
 ``Allreduce`` and Open MPI's (the ``mpi`` row of each run), and ``auto`` in the Open MPI runs;
-writes the same as Markdown to ``OUT/three-way.md``, with the commands that made it.
+first, one table of every rank count (docs/performance.md's): ``auto`` under MPICH and under
+Open MPI, each over Open MPI's ``Allreduce``, and both MPIs' ``Allreduce``. Writes the same as
+Markdown to ``OUT/three-way.md``, with the commands that made it.
 """
 import argparse
 import json
@@ -122,10 +124,46 @@ def table(out: Path, ranks: int) -> List[str]:
     return lines
 
 
+def size_name(nbytes: int) -> str:
+    """4 B, 16 KiB, 64 MiB."""
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
+
+
+def joined(out: Path, ranks: Sequence[int]) -> List[str]:
+    """One Markdown table for every rank count with runs under both MPIs (docs/performance.md's):
+    per rank count, ``auto`` in the MPICH runs and in the Open MPI runs, each with its time over
+    Open MPI's ``Allreduce``, then MPICH's and Open MPI's ``Allreduce``."""
+    found = {p: (medians(load(out, "mpich", p)), medians(load(out, "openmpi", p))) for p in ranks}
+    found = {p: pair for p, pair in found.items() if pair[0] and pair[1]}
+    if not found:
+        return []
+    head, rule = ["size"], ["---:"]
+    for p in found:
+        head += [f"{p} ranks: `auto`, MPICH", "`auto`, Open MPI", "MPICH `Allreduce`", "Open MPI `Allreduce`"]
+        rule += ["---:"] * 4
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(rule) + "|"]
+    for size in sorted({size for mpich, _ in found.values() for _, size in mpich}):
+        cells = [size_name(size)]
+        for mpich, openmpi in found.values():
+            ompi = openmpi.get(("mpi", size))
+            for auto in (mpich.get(("auto", size)), openmpi.get(("auto", size))):
+                cells.append(f"{us(auto)} ({ratio(auto, ompi)})" if auto is not None else "-")
+            cells += [us(mpich.get(("mpi", size))), us(ompi)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def summarize(out: Path) -> str:
     ranks = sorted({int(p.name.split("-")[1][1:]) for p in out.glob("mpich-p*-r*.json")})
     parts = ["Times in microseconds per call: the slowest rank's, median over samples, then median over "
              "the runs. `auto` and the fastest of ours from the MPICH runs."]
+    together = joined(out, ranks)
+    if together:
+        parts += ["", "### Every rank count: `auto` under each MPI (its time / Open MPI's `Allreduce`), and both "
+                  "MPIs' `Allreduce`", ""] + together
     for p in ranks:
         lines = table(out, p)
         if lines:

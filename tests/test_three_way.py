@@ -41,3 +41,22 @@ def test_a_rank_count_without_open_mpi_runs_has_no_table(tmp_path):
     three_way = load_three_way()
     write_run(tmp_path / "mpich-p2-r1.json", "MPICH", {("auto", 8): 1.0, ("mpi", 8): 2.0})
     assert "### 2 ranks" not in three_way.summarize(tmp_path)
+
+
+def test_one_table_joins_every_rank_count_with_auto_under_each_mpi_over_open_mpis_time(tmp_path):
+    three_way = load_three_way()
+    for p, scale in ((2, 1.0), (8, 10.0)):
+        write_run(tmp_path / f"mpich-p{p}-r1.json", "MPICH",
+                  {("auto", 4): 3 * scale, ("mpi", 4): 5 * scale, ("auto", 1 << 20): 800 * scale,
+                   ("mpi", 1 << 20): 900 * scale})
+        write_run(tmp_path / f"openmpi-p{p}-r1.json", "Open MPI",
+                  {("auto", 4): 2 * scale, ("mpi", 4): 4 * scale, ("auto", 1 << 20): 700 * scale,
+                   ("mpi", 1 << 20): 1000 * scale})
+    write_run(tmp_path / "mpich-p4-r1.json", "MPICH", {("auto", 4): 1.0, ("mpi", 4): 2.0})  # no Open MPI run
+    lines = three_way.joined(tmp_path, [2, 4, 8])
+    assert lines[0].startswith("| size | 2 ranks: `auto`, MPICH | `auto`, Open MPI |") and "4 ranks" not in lines[0]
+    assert lines[0].count("ranks: `auto`, MPICH") == 2 and lines[1].count("---:") == 9
+    assert lines[2] == "| 4 B | 3.00 (0.75x) | 2.00 (0.50x) | 5.00 | 4.00 | 30.00 (0.75x) | 20.00 (0.50x) | 50.00 | 40.00 |"
+    assert lines[3] == ("| 1 MiB | 800 (0.80x) | 700 (0.70x) | 900 | 1,000 "
+                        "| 8,000 (0.80x) | 7,000 (0.70x) | 9,000 | 10,000 |")
+    assert "### Every rank count" in three_way.summarize(tmp_path)

@@ -41,7 +41,7 @@ seccomp filters and Yama ptrace restrictions fail here, and then the algorithms 
 messages; ``ALLREDUCE_KIT_DIRECT=0`` makes them keep to messages anyway.
 
 State passed to the compiled helpers (``Peers.state``): this rank, the rank count, the window's
-address, ``sched_yield``'s address (0: spin without yielding), ``process_vm_readv``'s address,
+address, the window's ``wait`` (``spin.py``; 0: spin), ``process_vm_readv``'s address,
 the number of the current call (advanced by ``begin``), ``process_vm_writev``'s address, and
 this rank's ``signature.word`` for the current call.
 Window layout, per rank: a cache line holding its counter, then one holding its pid, its
@@ -69,7 +69,7 @@ from numba.extending import intrinsic
 from .. import config
 from ..kernels import reduce as _loops
 from .signature import mismatch, word
-from .spin import NodeWindow, load_acquire, node_of, store_release, wait_until
+from .spin import NodeWindow, load_acquire, node_of, raise_flag, store_release, wait_on
 
 #: Set to ``0`` to keep ``ring``, ``rabenseifner`` and ``two_shot`` to messages even where direct reads work.
 ENV = config.DIRECT.name
@@ -114,28 +114,28 @@ def begin(state, buf, algorithm):
     state[7] = word(buf, algorithm)
     store_release(base + _LINE * (2 * rank + 1) + 8, buf.ctypes.data)
     store_release(base + _LINE * (2 * rank + 1) + 16, state[7])
-    store_release(base + _LINE * 2 * rank, first)
+    raise_flag(base + _LINE * 2 * rank, first, state[3])
     return first
 
 
 @njit(cache=True, nogil=True)
 def _poison(state):
     """Publish that this call is void (``POISON`` in this rank's counter); returns ``MISMATCH``."""
-    store_release(state[2] + _LINE * 2 * state[0], (state[5] << _STEP_BITS) | POISON)
+    raise_flag(state[2] + _LINE * 2 * state[0], (state[5] << _STEP_BITS) | POISON, state[3])
     return MISMATCH
 
 
 @njit(cache=True, nogil=True)
 def finish(state, step):
     """Tell the others this rank has finished ``step`` (a counter value of the current call)."""
-    store_release(state[2] + _LINE * 2 * state[0], step)
+    raise_flag(state[2] + _LINE * 2 * state[0], step, state[3])
 
 
 @njit(cache=True, nogil=True)
 def wait_for(state, peer, step):
     """Until rank ``peer`` has finished ``step``: 0, or ``MISMATCH`` if ``peer`` has voided the
     call instead (this rank then voids it too, and must return without touching a peer)."""
-    seen = wait_until(state[2] + _LINE * 2 * peer, step, state[3])
+    seen = wait_on(state[2] + _LINE * 2 * peer, step, state[3])
     if seen == (state[5] << _STEP_BITS) | POISON:
         return _poison(state)
     return 0
@@ -232,9 +232,9 @@ class Peers(NodeWindow):
         size, rank = node.Get_size(), node.Get_rank()
         super().__init__(node, 2 * _LINE * size, oversubscribed)
         words = self.memory.view(np.int64)
-        words[2 * rank * _LINE // 8] = 0
+        words[2 * rank * _LINE // 8:(2 * rank + 1) * _LINE // 8] = 0  # counter, sleeper count
         words[(2 * rank + 1) * _LINE // 8] = os.getpid()
-        self.state = np.array([rank, size, self.memory.ctypes.data, self.yield_fn, readv, 0, writev, 0], np.int64)
+        self.state = np.array([rank, size, self.memory.ctypes.data, self.wait, readv, 0, writev, 0], np.int64)
         self.iov = np.zeros(4, np.int64)
         self._piece = np.empty(PIECE_BYTES, np.uint8)
         self._pieces: Dict[np.dtype, np.ndarray] = {}

@@ -16,7 +16,8 @@ another rank is still reading.
 
 Waiting is a spin on the flags, which is right when every rank has a core of its own; when
 ranks share cores (``LibraryComm.oversubscribed``), each turn of the spin yields the core
-(``sched_yield``) to a rank that has work to do, which is where this beats MPI's messages most
+(``sched_yield``) to a rank that has work to do (``ALLREDUCE_KIT_WAIT=block``: a wait sleeps
+until the flag is raised, ``spin.py``); this is where it beats MPI's messages most
 on the 2-core development machine (docs/performance.md). A communicator that spans nodes, or
 an op without a numba kernel (the bench's ``--kernel numpy``), takes ``recursive_doubling``
 (small buffers) or ``rabenseifner`` instead. The window (``2 p SLOT_BYTES`` bytes and two
@@ -34,7 +35,7 @@ from numba import njit
 
 from . import ALGORITHMS, register
 from .signature import mismatch, word
-from .spin import NodeWindow, load_acquire, node_of, store_release, wait_until
+from .spin import NodeWindow, load_acquire, node_of, raise_flag, store_release, wait_on
 from ..kernels import reduce as _loops
 
 #: Bytes in one rank's slot, per set; larger buffers go in rounds of this size. Read when a
@@ -54,10 +55,10 @@ TAG = 107
 
 
 @njit(cache=True, nogil=True)
-def _wait_all(flags, line, size, gen, yield_fn):
+def _wait_all(flags, line, size, gen, wait):
     """Until every rank's flag number ``line`` (0 or 1) has reached ``gen``."""
     for k in range(size):
-        wait_until(flags + _LINE * (2 * k + line), gen, yield_fn)
+        wait_on(flags + _LINE * (2 * k + line), gen, wait)
 
 
 @njit(cache=True, nogil=True)
@@ -66,7 +67,7 @@ def _allreduce(buf, slots, state, code, divisor):
     ``divisor``: divide the result by it unless 0); 0, or -1 if the ranks' buffers differ.
 
     ``slots``: the window's slot area viewed as ``buf``'s dtype; ``state``: this rank, the rank
-    count, the flags' address, ``sched_yield``'s address (0: spin without yielding), the
+    count, the flags' address, the window's ``wait`` (``spin.py``; 0: spin), the
     number of the last round (advanced here), ``SCATTER_FROM`` and ``SLOT_BYTES``.
 
     The first round of a call also publishes ``signature.word`` beside the rank's first flag,
@@ -74,7 +75,7 @@ def _allreduce(buf, slots, state, code, divisor):
     differs, every rank returns -1 there, at the same round (the caller raises, collectively).
     A word is rewritten only two rounds later, as a slot is, so the words read are this call's.
     """
-    rank, size, flags, yield_fn = state[0], state[1], state[2], state[3]
+    rank, size, flags, wait = state[0], state[1], state[2], state[3]
     gen = state[4]
     scatter_from = state[5]
     per_slot = state[6] // buf.itemsize
@@ -89,8 +90,8 @@ def _allreduce(buf, slots, state, code, divisor):
         _loops.copy(slots[base + rank * per_slot:base + rank * per_slot + m], buf[start:stop])
         if start == 0:
             store_release(flags + _LINE * 2 * rank + 8 + 8 * (gen & 1), signed)
-        store_release(flags + _LINE * 2 * rank, gen)
-        _wait_all(flags, 0, size, gen, yield_fn)
+        raise_flag(flags + _LINE * 2 * rank, gen, wait)
+        _wait_all(flags, 0, size, gen, wait)
         if start == 0:
             same = True
             for k in range(size):
@@ -105,8 +106,8 @@ def _allreduce(buf, slots, state, code, divisor):
                 _loops.combine(mine, slots[base + k * per_slot + a:base + k * per_slot + b], code)
             if divisor != 0:
                 _loops.divide(mine, divisor)
-            store_release(flags + _LINE * (2 * rank + 1), gen)
-            _wait_all(flags, 1, size, gen, yield_fn)
+            raise_flag(flags + _LINE * (2 * rank + 1), gen, wait)
+            _wait_all(flags, 1, size, gen, wait)
             _loops.copy(buf[start:stop], slots[base:base + m])
         else:
             piece = buf[start:stop]
@@ -129,10 +130,10 @@ class Window(NodeWindow):
         flag_bytes = 2 * _LINE * size
         super().__init__(node, flag_bytes + 2 * size * SLOT_BYTES, oversubscribed)
         flags = self.memory[:flag_bytes].view(np.int64)
-        flags[2 * rank * _LINE // 8] = flags[(2 * rank + 1) * _LINE // 8] = 0
+        flags[2 * rank * _LINE // 8:(2 * rank + 2) * _LINE // 8] = 0  # flags, words, sleeper counts
         self._area = self.memory[flag_bytes:]
         self._views: Dict[np.dtype, np.ndarray] = {}
-        self.state = np.array([rank, size, flags.ctypes.data, self.yield_fn, 0, SCATTER_FROM, SLOT_BYTES], np.int64)
+        self.state = np.array([rank, size, flags.ctypes.data, self.wait, 0, SCATTER_FROM, SLOT_BYTES], np.int64)
         node.Barrier()  # every flag is 0 before any rank raises one
 
     def slots(self, dtype: np.dtype) -> np.ndarray:
