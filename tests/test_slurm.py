@@ -1,14 +1,17 @@
 """``jobs/*.sbatch`` on a real Slurm: the scripts as users submit them, with ``sbatch --wait``.
 
-``tests/slurm/start-slurm.sh`` installs Debian's Slurm if needed and starts munged, slurmctld and
-two slurmd (two nodes on this machine, each with its own host name) once for the session;
-``stop-slurm.sh`` stops them at the end. Jobs run one at a time (waiting MPI ranks spin, so
+The module makes an emulated cluster of two nodes (``python -m allreduce_kit.cluster up``: own
+network, host name, PIDs, IPC and ``/dev/shm`` each, shaped links to a bridge), then
+``tests/slurm/start-slurm.sh --on-cluster`` installs Debian's Slurm if needed and starts munged
+and slurmctld on the host and one slurmd inside each node, so a step's ranks on two nodes talk
+over the links; ``stop-slurm.sh`` and ``cluster down`` remove it all at the end of the module. Jobs run one at a time (waiting MPI ranks spin, so
 concurrent jobs on 2 cores slow each other down far more than they overlap). Each is submitted
 from a directory of its own, so the installed package is imported, and activates the virtual
 environment of the interpreter running the tests (``VENV``).
 
 Skipped, with the reason, only where Slurm cannot be run: not root, no Slurm and no apt-get to
-install it, not in a virtual environment, or ``ALLREDUCE_KIT_SLURM_TESTS=0``.
+install it, no emulated cluster possible (namespaces, ``ip``, ``tc``), not in a virtual
+environment, or ``ALLREDUCE_KIT_SLURM_TESTS=0``.
 """
 import csv
 import json
@@ -24,12 +27,17 @@ from typing import Dict, List, Optional
 
 import pytest
 
+from allreduce_kit import cluster as emulated
+
 REPO = Path(__file__).resolve().parent.parent
 JOBS = REPO / "jobs"
 START = REPO / "tests" / "slurm" / "start-slurm.sh"
 STOP = REPO / "tests" / "slurm" / "stop-slurm.sh"
 STATE = os.environ.get("ALLREDUCE_KIT_SLURM_DIR", "/tmp/allreduce_kit-slurm")
 JOB_TIMEOUT = 300  # seconds from submission to the end of one job
+#: The emulated cluster's nodes and link: the CPU, not this link, bounds these small jobs.
+NODES = 2
+LINK = "1gbit"
 
 # Small runs: the point is the plumbing, not the numbers. At 4 and 8 ranks a small synthetic
 # problem: the digits need scikit-learn, whose import on 8 ranks sharing 2 cores doubled the
@@ -53,7 +61,8 @@ def why_no_slurm() -> Optional[str]:
         return "Slurm is not installed and there is no apt-get to install it"
     if sys.prefix == sys.base_prefix:
         return "the job scripts activate a virtual environment: run pytest from one (see README)"
-    return None
+    problem = emulated.why_not_here()
+    return f"the nodes are those of the emulated cluster, and {problem}" if problem else None
 
 
 @dataclass
@@ -61,6 +70,8 @@ class Cluster:
     """The running test cluster: the environment a submitting user would have."""
 
     conf: str
+    #: the node names, as Slurm and the ranks see them
+    nodes: List[str]
 
     def env(self, **extra: str) -> Dict[str, str]:
         # A suite that itself runs inside a Slurm job must not leak that job's SLURM_* into ours.
@@ -78,28 +89,41 @@ class Cluster:
             pytest.fail(f"{' '.join(command)} did not finish within {timeout} s")
 
 
-@pytest.fixture(scope="session")
+def cluster_command(*args: str) -> subprocess.CompletedProcess:
+    """``python -m allreduce_kit.cluster ARGS``."""
+    return subprocess.run([sys.executable, "-m", "allreduce_kit.cluster", *args], capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL, cwd=REPO / "tests")
+
+
+@pytest.fixture(scope="module")
 def slurm_cluster():
-    """Start Slurm once (installing it if needed); stop it when the session ends."""
+    """Make the emulated cluster and start Slurm on it (installing it if needed) once for the
+    module; stop and remove both at its end."""
     reason = why_no_slurm()
     if reason:
         pytest.skip(f"no Slurm cluster: {reason}")
-    env = dict(os.environ, ALLREDUCE_KIT_SLURM_DIR=STATE, ALLREDUCE_KIT_SLURM_NODES="2", ALLREDUCE_KIT_SLURM_CPUS="8")
+    env = dict(os.environ, ALLREDUCE_KIT_SLURM_DIR=STATE, ALLREDUCE_KIT_SLURM_NODES=str(NODES),
+               ALLREDUCE_KIT_SLURM_CPUS="8")
     started = time.monotonic()
+    subprocess.run(["bash", str(STOP)], env=env, capture_output=True, timeout=120)  # what an earlier run left
+    cluster_command("down")
+    made = cluster_command("up", "--nodes", str(NODES), "--link", LINK, "--no-measure")
+    if made.returncode != 0:
+        pytest.fail(f"cluster up failed ({made.returncode}):\n{made.stdout}\n{made.stderr}")
     try:
-        result = subprocess.run(["bash", str(START)], env=env, capture_output=True, text=True, timeout=900)
-    except subprocess.TimeoutExpired:
-        subprocess.run(["bash", str(STOP)], env=env, capture_output=True, timeout=120)
-        pytest.fail("tests/slurm/start-slurm.sh did not finish within 900 s")
-    if result.returncode != 0:
-        subprocess.run(["bash", str(STOP)], env=env, capture_output=True, timeout=120)
-        pytest.fail(f"tests/slurm/start-slurm.sh failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
-    print(f"\nSlurm up in {time.monotonic() - started:.0f} s:\n{result.stdout}", end="")
-    try:
-        yield Cluster(conf=f"{STATE}/slurm.conf")
+        try:
+            result = subprocess.run(["bash", str(START), "--on-cluster"], env=env, capture_output=True, text=True,
+                                    timeout=900)
+        except subprocess.TimeoutExpired:
+            pytest.fail("tests/slurm/start-slurm.sh did not finish within 900 s")
+        if result.returncode != 0:
+            pytest.fail(f"tests/slurm/start-slurm.sh failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+        print(f"\nSlurm up in {time.monotonic() - started:.0f} s:\n{made.stdout}{result.stdout}", end="")
+        yield Cluster(conf=f"{STATE}/slurm.conf", nodes=[node.host for node in emulated.require().nodes])
     finally:
         stopped = subprocess.run(["bash", str(STOP)], env=env, capture_output=True, text=True, timeout=120)
-        print(stopped.stdout, end="")
+        gone = cluster_command("down")
+        print(stopped.stdout + gone.stdout, end="")
 
 
 @dataclass
@@ -198,6 +222,34 @@ def test_train_across_two_nodes(slurm_cluster, tmp_path):
     assert "on 2 node(s)" in job.slurm_out
 
 
+def link_bytes(node: str) -> int:
+    """Bytes that have crossed ``node``'s link, both ways (its host-side end's counters)."""
+    device = Path("/sys/class/net") / emulated.namespace(node) / "statistics"
+    return int((device / "rx_bytes").read_text()) + int((device / "tx_bytes").read_text())
+
+
+def test_a_step_across_two_nodes_runs_on_separate_hosts_and_crosses_the_link(slurm_cluster, tmp_path):
+    """``srun`` over both nodes, 2 tasks each: the ranks see two host names, cannot read each
+    other's memory or ``/dev/shm`` across nodes (``cluster/isolation_check.py``), and reducing a
+    message moves at least its size each way over the first node's link: every element of the
+    sum needs the other node's value and goes back to it."""
+    first = slurm_cluster.nodes[0]
+    before = link_bytes(first)
+    result = slurm_cluster.run(["srun", f"--nodes={NODES}", "--ntasks-per-node=2", sys.executable, "-m", "mpi4py",
+                                str(REPO / "tests" / "cluster" / "slurm_step_check.py"), str(NODES), "8"],
+                               cwd=tmp_path, timeout=JOB_TIMEOUT, MPIR_CVAR_ENABLE_HEAVY_YIELD="1")
+    crossed = link_bytes(first) - before
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert f"isolated: {NODES} nodes" in out, out + result.stderr
+    hosts = re.search(r"^hosts: (.*)$", out, re.M).group(1).split()
+    assert sorted(set(hosts)) == sorted(slurm_cluster.nodes) and len(hosts) == 2 * NODES, out
+    assert "wrong: 0" in out, out
+    reduced = int(re.search(r"^reduced: (\d+)$", out, re.M).group(1))
+    print(f"\n[link] {crossed} bytes crossed {first}'s link for {reduced} bytes reduced", end=" ")
+    assert crossed >= 2 * reduced, f"only {crossed} bytes crossed {first}'s link for {reduced} bytes reduced"
+
+
 def check_bench(job: Job, launcher: str) -> None:
     run = job.expect_success("bench")
     out = job.slurm_out
@@ -272,17 +324,18 @@ def test_srun_without_mpi_is_stopped_by_the_guard(slurm_cluster, tmp_path):
 
 
 # -- a node dies under the elastic job ----------------------------------------------------------
-NODE = "allreduce-node-2"
+NODE = emulated.node_name(2)
 
 
 def node_processes(node: str) -> List[int]:
-    """Every process of a simulated node: those in the host-name (UTS) namespace of its slurmd."""
-    slurmd = int(Path(f"{STATE}/slurmd-{node}.pid").read_text())
-    namespace = os.readlink(f"/proc/{slurmd}/ns/uts")
+    """Every process of an emulated node (those in its PID namespace) but its first, which holds
+    the node's namespaces."""
+    holder = emulated.require().node(node).pid
+    namespace = os.readlink(f"/proc/{holder}/ns/pid")
     found = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and os.readlink(entry / "ns" / "uts") == namespace:
+            if entry.name.isdigit() and int(entry.name) != holder and os.readlink(entry / "ns" / "pid") == namespace:
                 found.append(int(entry.name))
         except OSError:
             continue
@@ -295,6 +348,8 @@ def kill_node(node: str) -> List[str]:
     for pid in node_processes(node):
         try:
             name = Path(f"/proc/{pid}/comm").read_text().strip()
+            if Path(f"/proc/{pid}/status").read_text().count("State:\tZ"):
+                continue  # already ended, not reaped by the node's first process
             os.kill(pid, 9)
             killed.append(name)
         except OSError:
@@ -304,8 +359,8 @@ def kill_node(node: str) -> List[str]:
 
 def restart_node(cluster: Cluster, node: str) -> None:
     """Start the node's slurmd again as start-slurm.sh does, and wait until the cluster is idle."""
-    subprocess.run(["unshare", "--uts", "/bin/sh", "-c", 'hostname "$1" && exec slurmd -f "$2" -N "$1"', "sh", node,
-                    cluster.conf], env=cluster.env(), check=True, timeout=60)
+    subprocess.run(emulated.on_node(emulated.require().node(node), ["slurmd", "-f", cluster.conf, "-N", node]),
+                   env=cluster.env(), check=True, timeout=60)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         jobs = cluster.run(["squeue", "-h"], cwd=Path("/")).stdout.strip()
@@ -358,7 +413,7 @@ def test_elastic_training_finishes_on_one_node_when_the_other_dies(slurm_cluster
     assert "replicas bitwise identical on all 2 ranks: yes" in out, out
     results = json.loads((run / "results.json").read_text())
     assert results["ranks"] == 2 and [e["epoch"] for e in results["epochs"]] == list(range(1, 11))
-    assert {row["host"] for row in results["straggler"]["ranks"]} == {"allreduce-node-1"}
+    assert {row["host"] for row in results["straggler"]["ranks"]} == {emulated.node_name(1)}
     (loss,) = results["elastic"]["losses"]
     assert loss["nodes_lost"] == [NODE] and loss["lost_ranks"] == [2, 3]
     assert loss["ranks_before"] == 4 and loss["ranks_after"] == 2
