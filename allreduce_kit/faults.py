@@ -23,7 +23,8 @@ from mpi4py import MPI
 
 from .run import ulfm_launched
 
-__all__ = ["peer_failed", "ulfm_launched", "keep_to_messages", "messages_only", "revoke", "shrink", "lost_ranks", "translate"]
+__all__ = ["peer_failed", "ulfm_launched", "keep_to_messages", "messages_only", "runs_as", "revoke", "shrink",
+           "lost_ranks", "translate"]
 
 #: The error classes of a peer's death: seen directly, pending (on a receive from any source), or
 #: passed on by a rank that revoked the communicator.
@@ -43,6 +44,17 @@ def keep_to_messages(on: bool = True) -> None:
     """Make library communicators created from now on send messages only (see the module's text)."""
     global messages_only
     messages_only = bool(on)
+
+
+def runs_as(name: str, nbytes: int) -> str:
+    """The algorithm that runs when ``name`` is asked for a buffer of ``nbytes``: ``name`` itself,
+    except ``shared_memory`` while the library keeps to messages, which has no window then and
+    sends its buffer with ``recursive_doubling`` or ``rabenseifner`` (by size, as it does across nodes)."""
+    if name != "shared_memory" or not messages_only:
+        return name
+    from .algorithms.shared_memory import FALLBACK_SPLIT
+
+    return "recursive_doubling" if nbytes <= FALLBACK_SPLIT else "rabenseifner"
 
 
 def revoke(*comms: Optional[MPI.Comm]) -> None:
