@@ -1,7 +1,9 @@
 """A dead peer as an error, and a communicator rebuilt on the survivors (ULFM).
 
 With a fault-tolerant MPI (Open MPI launched with ``mpirun --with-ft ulfm``), an operation that
-needs a dead process fails with ``MPI_ERR_PROC_FAILED`` after the failure detector's timeout,
+needs a dead process fails with ``MPI_ERR_PROC_FAILED`` once Open MPI knows of the death (at
+once for a process killed by a signal, which its node's daemon sees end; after the heartbeat
+detector's timeout for one that ends without a signal),
 and one on a communicator another rank has revoked fails with ``MPI_ERR_REVOKED``; mpi4py
 raises both as ``MPI.Exception``. A loop of the user's own recovers in three calls::
 

@@ -1,7 +1,8 @@
 """``mpirun --with-ft ulfm ... python -m allreduce_kit.train --elastic``: go on in the same job when a rank dies.
 
 Under Open MPI with its fault tolerance on (ULFM), a collective that needs a dead rank fails
-with ``MPI_ERR_PROC_FAILED`` once the failure detector has noticed (``mpi_ft_detector_timeout``),
+with ``MPI_ERR_PROC_FAILED`` once Open MPI knows of the death (its node's daemon reports a rank
+killed by a signal at once; the heartbeats, after ``mpi_ft_detector_timeout``, one that is not),
 on the ranks that talk to it; each rank that sees an error revokes the trainer's communicators,
 so that the others, wherever they wait, fail too (``MPI_ERR_REVOKED``). Then every survivor:
 
