@@ -1,7 +1,9 @@
 """A dead peer as an error, and a communicator rebuilt on the survivors (ULFM).
 
 With a fault-tolerant MPI (Open MPI launched with ``mpirun --with-ft ulfm``), an operation that
-needs a dead process fails with ``MPI_ERR_PROC_FAILED`` after the failure detector's timeout,
+needs a dead process fails with ``MPI_ERR_PROC_FAILED`` once Open MPI knows of the death (at
+once for a process killed by a signal, which its node's daemon sees end; after the heartbeat
+detector's timeout for one that ends without a signal),
 and one on a communicator another rank has revoked fails with ``MPI_ERR_REVOKED``; mpi4py
 raises both as ``MPI.Exception``. A loop of the user's own recovers in three calls::
 
@@ -23,7 +25,8 @@ from mpi4py import MPI
 
 from .run import ulfm_launched
 
-__all__ = ["peer_failed", "ulfm_launched", "keep_to_messages", "messages_only", "revoke", "shrink", "lost_ranks", "translate"]
+__all__ = ["peer_failed", "ulfm_launched", "keep_to_messages", "messages_only", "runs_as", "revoke", "shrink",
+           "lost_ranks", "translate"]
 
 #: The error classes of a peer's death: seen directly, pending (on a receive from any source), or
 #: passed on by a rank that revoked the communicator.
@@ -43,6 +46,17 @@ def keep_to_messages(on: bool = True) -> None:
     """Make library communicators created from now on send messages only (see the module's text)."""
     global messages_only
     messages_only = bool(on)
+
+
+def runs_as(name: str, nbytes: int) -> str:
+    """The algorithm that runs when ``name`` is asked for a buffer of ``nbytes``: ``name`` itself,
+    except ``shared_memory`` while the library keeps to messages, which has no window then and
+    sends its buffer with ``recursive_doubling`` or ``rabenseifner`` (by size, as it does across nodes)."""
+    if name != "shared_memory" or not messages_only:
+        return name
+    from .algorithms.shared_memory import FALLBACK_SPLIT
+
+    return "recursive_doubling" if nbytes <= FALLBACK_SPLIT else "rabenseifner"
 
 
 def revoke(*comms: Optional[MPI.Comm]) -> None:

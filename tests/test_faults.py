@@ -51,3 +51,23 @@ def test_lost_ranks_of_a_communicator_and_itself_is_none():
         assert faults.translate(comm, [0], MPI.COMM_WORLD) == [MPI.COMM_WORLD.Get_rank()]
     finally:
         comm.Free()
+
+
+@pytest.mark.parametrize("name, nbytes, messages, expected", [
+    ("shared_memory", 1000, True, "recursive_doubling"),          # no window in the job: messages, by size
+    ("shared_memory", 1 << 20, True, "rabenseifner"),
+    ("shared_memory", 1000, False, "shared_memory"),
+    ("ring", 1 << 20, True, "ring"),                              # the same schedule, sent as messages
+])
+def test_what_runs_while_the_library_keeps_to_messages(monkeypatch, name, nbytes, messages, expected):
+    monkeypatch.setattr(faults, "messages_only", messages)
+    assert faults.runs_as(name, nbytes) == expected
+
+
+def test_an_epoch_line_carries_its_note():
+    from allreduce_kit.train.report import epoch_line
+
+    e = {"epoch": 3, "loss": 0.5, "train_accuracy": 0.9, "test_accuracy": 0.8, "samples_per_second": 1e4, "step_ms": 1.0}
+    assert epoch_line(e, 10).endswith("ms")
+    assert epoch_line(dict(e, note="redone on 3 ranks, in place of the line above"), 10).endswith(
+        "ms  (redone on 3 ranks, in place of the line above)")

@@ -184,6 +184,11 @@ def test_kill_9_of_one_rank_of_4_and_the_run_completes_in_the_job_on_3(openmpi, 
     assert job.returncode in (0, 9), f"mpirun exit {job.returncode}\n{text[-3000:]}\n{''.join(err)[-3000:]}"
     assert "[elastic] rank 2 lost after step" in text and "4 -> 3 ranks" in text, text[-3000:] + "".join(err)[-3000:]
     assert "replicas bitwise identical on all 3 ranks: yes" in text
+    header = next(line for line in out if line.startswith("model: "))
+    assert "algorithm auto, ran " in header and "shared_memory" not in header, header   # no window while in the job
+    epoch_lines = [line for line in out if line.startswith("epoch ")]
+    first_time = [line.split()[1] for line in epoch_lines if "(redone on 3 ranks" not in line]
+    assert first_time == [f"{e}/10" for e in range(1, 11)], epoch_lines      # an epoch redone is said to be so
     report = json.loads(elastic_json.read_text())
     assert report["elastic"]["path"] == "in-job (ULFM)"
     (loss,) = report["elastic"]["losses"]
@@ -191,6 +196,9 @@ def test_kill_9_of_one_rank_of_4_and_the_run_completes_in_the_job_on_3(openmpi, 
     assert 0 <= loss["steps_redone"] <= 5 and loss["resumed_from"] % 5 == 0
     assert loss["step"] == loss["resumed_from"] + loss["steps_redone"]
     assert 0 < loss["recovery_seconds"] < 60
+    phases = loss["phases"]
+    assert phases["seen_at"] <= phases["agreed_at"] <= phases["rebuilt_at"] <= phases["first_step_at"], phases
+    assert "[elastic] recovered: first step on 3 ranks" in text and "revoke+shrink+agree" in text
     assert report["ranks"] == 3 and [e["epoch"] for e in report["epochs"]] == list(range(1, 11))
     assert abs(report["test_accuracy"] - whole["test_accuracy"]) <= 0.01, (report["test_accuracy"],
                                                                            whole["test_accuracy"])

@@ -1,7 +1,8 @@
 """``mpirun --with-ft ulfm ... python -m allreduce_kit.train --elastic``: go on in the same job when a rank dies.
 
 Under Open MPI with its fault tolerance on (ULFM), a collective that needs a dead rank fails
-with ``MPI_ERR_PROC_FAILED`` once the failure detector has noticed (``mpi_ft_detector_timeout``),
+with ``MPI_ERR_PROC_FAILED`` once Open MPI knows of the death (its node's daemon reports a rank
+killed by a signal at once; the heartbeats, after ``mpi_ft_detector_timeout``, one that is not),
 on the ranks that talk to it; each rank that sees an error revokes the trainer's communicators,
 so that the others, wherever they wait, fail too (``MPI_ERR_REVOKED``). Then every survivor:
 
@@ -98,6 +99,8 @@ class Recovery:
         self.snapshots: List[Snapshot] = []
         self.last_step_at = time.time()
         self.pending: List[Loss] = []                 # losses waiting for their first step after
+        self.phases: List[Dict[str, float]] = []      # per loss: when each part of its recovery ended (PHASES)
+        self.epochs_said = 0                          # the last epoch whose line went out
 
     def header(self, trainer) -> str:
         return (f"elastic in the job (ULFM): a lost rank is survived while at least {plural(self.min_ranks, 'rank')} "
@@ -116,8 +119,11 @@ class Recovery:
                 on_step(i)
 
         def epoch_hook(metrics: Dict[str, Any]) -> None:
-            if on_epoch:
-                on_epoch(metrics)
+            if on_epoch:                             # an epoch redone after a loss is said to be so
+                again = metrics["epoch"] <= self.epochs_said
+                on_epoch(dict(metrics, note=f"redone on {trainer.ranks} ranks, in place of the line above") if again
+                         else metrics)
+            self.epochs_said = max(self.epochs_said, metrics["epoch"])
             if trainer.step % self.every == 0 and trainer.plan.position(trainer.step)[1] == 0:
                 self._keep(trainer)
         return step_hook, epoch_hook
@@ -129,10 +135,13 @@ class Recovery:
 
     def _recovered(self, trainer) -> None:
         """At the first step after a recovery: time it, and say so (rank 0)."""
+        now = time.time()
         for loss in self.pending:
-            loss.recovery_seconds = time.time() - loss.died_at
+            loss.recovery_seconds = now - loss.died_at
+            phases = self.phases[self.losses.index(loss)]
+            phases["first_step_at"] = now
             _say(trainer, f"recovered: first step on {loss.ranks_after} ranks {loss.recovery_seconds:.1f} s after "
-                          f"the last step before the loss")
+                          f"the last step before the loss ({breakdown(phases)})")
         self.pending = []
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -163,18 +172,20 @@ class Recovery:
         try:
             survivors = faults.shrink(old)
             lost = faults.lost_ranks(old, survivors)
-            where = survivors.allgather((trainer.step, self.last_step_at))
+            where = survivors.allgather((trainer.step, self.last_step_at, seen))
             newest = survivors.allreduce(self.snapshots[-1].step, op=MPI.MIN)
             held = next((s for s in self.snapshots if s.step == newest), None)
             agreed = survivors.Agree(int(held is not None))
+            agreed_at = time.time()
         except MPI.Exception as again:
             raise RecoveryFailed(f"recovery failed: {_what(again)} while the survivors of {_what(error)} were "
                                  f"agreeing how to go on (a second loss during recovery)") from None
         if not lost:
             raise RecoveryFailed(f"{_what(error)}, but no rank of the job was lost: not a loss this can recover from")
         ranks_after = survivors.Get_size()
-        last = max(step for step, _ in where)        # the newest step finished, and when it first was
-        started = min(at for step, at in where if step == last)
+        last = max(step for step, _, _ in where)     # the newest step finished, and when it first was
+        started = min(at for step, at, _ in where if step == last)
+        first_seen = min(at for _, _, at in where)   # the first survivor to get the error
         world = faults.translate(old, lost)
         for rank, world_rank in zip(lost, world):
             loss = Loss(world_rank, None, trainer.hosts[rank] if rank < len(trainer.hosts) else "?",
@@ -182,7 +193,8 @@ class Recovery:
                         resumed_from=newest, steps_redone=last - newest, died_at=started)
             self.losses.append(loss)
             self.pending.append(loss)
-            _say(survivors, loss.line() + f" (seen {seen - started:.1f} s after the last step)")
+            self.phases.append({"last_step_at": started, "seen_at": first_seen, "agreed_at": agreed_at})
+            _say(survivors, loss.line() + f" (seen {first_seen - started:.1f} s after the last step)")
         if ranks_after < self.min_ranks:
             raise RecoveryFailed(f"recovery failed: {plural(ranks_after, 'rank')} left, fewer than --min-ranks "
                                  f"{self.min_ranks}", survivors)
@@ -192,6 +204,8 @@ class Recovery:
         try:
             rebuilt = make(survivors, held)
             rebuilt.stop = StopSignals(rebuilt.comm) if stop is not None else None
+            for phases in self.phases[len(self.phases) - len(lost):]:
+                phases["rebuilt_at"] = time.time()
         except MPI.Exception as again:
             raise RecoveryFailed(f"recovery failed: {_what(again)} while the trainer was rebuilt on "
                                  f"{plural(ranks_after, 'rank')} (a second loss during recovery)") from None
@@ -208,7 +222,30 @@ class Recovery:
         for loss in self.losses:
             _say(comm, "  " + loss.line())
         return {"path": "in-job (ULFM)",
-                "losses": [{k: v for k, v in asdict(loss).items() if k != "died_at"} for loss in self.losses]}
+                "losses": [dict({k: v for k, v in asdict(loss).items() if k != "died_at"}, phases=phases)
+                           for loss, phases in zip(self.losses, self.phases)]}
+
+
+#: The parts of a recovery, each as the time (``time.time()``, rank 0's clock except ``seen_at``)
+#: it ended: the last step every survivor had finished before the loss, the first survivor's
+#: error, the survivors' communicator made and the step agreed (revoke, shrink, agree), the new
+#: trainer built on it (data re-sharded, library communicator and warm-up average), its first step.
+PHASES = ("last_step_at", "seen_at", "agreed_at", "rebuilt_at", "first_step_at")
+
+
+def breakdown(phases: Dict[str, float], death: Optional[float] = None) -> str:
+    """``detect 0.1 s, revoke+shrink+agree 0.2 s, ...``: the time each part of a recovery took
+    (detection counted from ``death`` if given, else from the last step before the loss)."""
+    names = ("detect", "revoke+shrink+agree", "re-shard+rebuild", "first step")
+    start = phases["last_step_at"] if death is None else death
+    ends = [phases.get(key) for key in PHASES[1:]]
+    parts, before = [], start
+    for name, end in zip(names, ends):
+        if end is None:
+            break
+        parts.append(f"{name} {end - before:.2f} s")
+        before = end
+    return ", ".join(parts)
 
 
 def _what(error: MPI.Exception) -> str:

@@ -5,7 +5,8 @@ from typing import Any, Dict, List
 def epoch_line(e: Dict[str, Any], epochs: int) -> str:
     return (f"epoch {e['epoch']:>{len(str(epochs))}}/{epochs}  loss {e['loss']:.4f}  "
             f"train {100 * e['train_accuracy']:5.1f}%  test {100 * e['test_accuracy']:5.1f}%  "
-            f"{e['samples_per_second']:>9,.0f} samples/s  step {e['step_ms']:6.2f} ms")
+            f"{e['samples_per_second']:>9,.0f} samples/s  step {e['step_ms']:6.2f} ms"
+            + (f"  ({e['note']})" if e.get("note") else ""))
 
 
 def headline(s: Dict[str, Any]) -> str:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from .. import selection
+from .. import faults, selection
 from ..collective import allreduce
 from ..comm import library_comm
 from ..params import average_buffer, bucket_bounds, broadcast_parameters
@@ -165,10 +165,11 @@ class Trainer:
     def _algorithms_ran(self) -> List[str]:
         if self.ranks == 1:
             return ["none"] * self.buckets               # one rank: allreduce has nothing to send
+        sizes = [(stop - start) * self.model.dtype.itemsize for start, stop in self.bounds]
         if self.config.algorithm != "auto":
-            return [self.config.algorithm] * self.buckets
+            return [faults.runs_as(self.config.algorithm, nbytes) for nbytes in sizes]
         lib = library_comm(self.comm)                    # auto's table is loaded: the warm-up average used it
-        return [selection.choose_for(lib, (stop - start) * self.model.dtype.itemsize) for start, stop in self.bounds]
+        return [faults.runs_as(selection.choose_for(lib, nbytes), nbytes) for nbytes in sizes]
 
     # -- one step ---------------------------------------------------------------------------
     def train_step(self, idx: np.ndarray) -> Tuple[float, int]:
