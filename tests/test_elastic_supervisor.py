@@ -77,6 +77,9 @@ FAKE = textwrap.dedent(r'''
         beating.difference_update(dying)
         for rank in dying:
             kids[rank].kill()
+        if plan.get("then_dies") is not None:  # a rank here dies of it (MPI over TCP can crash so)
+            time.sleep(0.1)
+            kids[plan["then_dies"]].kill()
         for rank, kid in enumerate(kids):
             if rank not in far:
                 kid.wait()                  # the supervisor kills the ones on its host
@@ -161,6 +164,20 @@ def test_ranks_elsewhere_that_fall_silent_are_lost_and_their_node_with_them(supe
     out = result.stdout
     assert "node far-node (ranks 2, 3) lost after step 27, no heartbeat for 1 s; 4 -> 2 ranks" in out, out
     assert "resumed from step 20 (7 steps redone)" in out
+
+
+def test_a_rank_that_dies_here_after_a_node_went_silent_is_not_taken_for_the_loss(supervise):
+    """The ranks of another host stop beating, then rank 0 here dies of it: the loss is that
+    host's two ranks (4 -> 2), and rank 0's slot is relaunched with the survivors, not counted lost."""
+    here = socket.gethostname()
+    result, launches = supervise([{"silent_at": 27, "silent_host": "far-node", "then_dies": 0,
+                                   "hosts": [here, here, "far-node", "far-node"]}, {}],
+                                 ALLREDUCE_KIT_ELASTIC_TIMEOUT="1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [l[l.index("-n") + 1] for l in launches] == ["4", "2"]
+    out = result.stdout
+    assert "node far-node (ranks 2, 3) lost after step 27, no heartbeat for 1 s; 4 -> 2 ranks" in out, out
+    assert "rank 0 (pid" not in out, out
 
 
 def test_under_srun_a_dead_node_is_left_out_of_the_relaunch(supervise, tmp_path):

@@ -253,6 +253,12 @@ class Heartbeats:
                  if now - self.seen[rank][1] > self.timeout - 2 * self.period}
         return found, max(self.seen[rank][1] for rank, _ in found.values())
 
+    def beaten_since(self, moment: float) -> bool:
+        """Every rank elsewhere has beaten after ``moment`` (our clock), as ``silent`` last looked: a
+        change seen more than a period after it (a beat from before it is seen within a period)."""
+        ranks = [rank for rank, host in _registry(self.report).values() if host != self.here]
+        return all(rank in self.seen and self.seen[rank][1] > moment + self.period for rank in ranks)
+
 
 class Job:
     """One launch: ``mpiexec -n P python -m allreduce_kit.train ...`` (or ``srun``), its output passed
@@ -309,6 +315,8 @@ class Job:
                 self.silent, self.silent_since = beats.silent()
                 self.silent_step = step
             time.sleep(0.01)
+        if self.first_dead is not None and timeout > 0:
+            self._node_died_first(beats)
         if first is None and self.first_dead is None and not self.silent and loss is not None:
             step = _progress(report)          # a job that ended between two looks may have made its first step
             if step is not None and step > start:
@@ -317,6 +325,23 @@ class Job:
                 _say(f"recovered: first step on {loss.ranks_after} ranks {loss.recovery_seconds:.1f} s after "
                      f"the death")
         return first
+
+    def _node_died_first(self, beats: Heartbeats) -> None:
+        """A rank found dead here may have died of a node that died first: MPI over TCP can end a
+        rank whose peer vanished (a segmentation fault in MPICH). Until every rank elsewhere has
+        beaten since the death (they live: the death here is the loss) or the timeout has passed,
+        look at the heartbeats; ranks elsewhere that went silent are then the loss, and the rank
+        here is relaunched with the survivors."""
+        died_at, step = self.first_dead[1], self.first_dead[2]
+        deadline = died_at + beats.timeout + 2 * beats.period
+        while time.monotonic() < deadline:
+            silent, since = beats.silent()
+            if silent:
+                self.first_dead, self.silent, self.silent_since, self.silent_step = None, silent, since, step
+                return
+            if beats.beaten_since(died_at):
+                return
+            time.sleep(0.01)
 
     def wait(self) -> int:
         status = self.proc.wait()
