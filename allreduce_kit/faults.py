@@ -54,9 +54,9 @@ def runs_as(name: str, nbytes: int) -> str:
     sends its buffer with ``recursive_doubling`` or ``rabenseifner`` (by size, as it does across nodes)."""
     if name != "shared_memory" or not messages_only:
         return name
-    from .algorithms.shared_memory import FALLBACK_SPLIT
+    from .algorithms.shared_memory import fallback
 
-    return "recursive_doubling" if nbytes <= FALLBACK_SPLIT else "rabenseifner"
+    return fallback(nbytes)
 
 
 def revoke(*comms: Optional[MPI.Comm]) -> None:

@@ -151,12 +151,17 @@ def window_for(comm) -> Optional[Window]:
     return None if node is None else Window(node, comm.oversubscribed)
 
 
+def fallback(nbytes: int) -> str:
+    """The algorithm that sends a buffer of ``nbytes`` when there is no window (``FALLBACK_SPLIT``)."""
+    return "recursive_doubling" if nbytes <= FALLBACK_SPLIT else "rabenseifner"
+
+
 @register("shared_memory")
 def allreduce(comm, buf, op):
     window = comm.state.get(Window, False)
     if window is False:
         window = comm.attach(Window, window_for)
     if window is None or op.code is None:
-        ALGORITHMS["recursive_doubling" if buf.nbytes <= FALLBACK_SPLIT else "rabenseifner"](comm, buf, op, "shared_memory")
+        ALGORITHMS[fallback(buf.nbytes)](comm, buf, op, "shared_memory")
     elif _allreduce(buf, window.slots(buf.dtype), window.state, op.code, op.divisor) != 0:
         raise mismatch(comm, buf, "shared_memory")

@@ -48,10 +48,10 @@ def overlap_choice(overlap: Optional[bool], nbytes: int = 0) -> Tuple[bool, str]
     ``None`` (the default) decides from where the ranks sit and from ``nbytes``, the size of
     the gradients: yes if this node has a core left for the thread beyond its ranks' torch
     threads; else only if the gradients fill more than one bucket of ``BUCKET_MB``. On cores
-    that backward keeps busy the thread takes its time from backward, which pays only where
-    there is much to reduce: measured on 2 cores, a 42 MB gradient in 25 MB buckets during
-    backward added less to the step than one bucket reduced in ``step()`` at 2, 4 and 8 ranks
-    (docs/pytorch.md), while a model of one bucket has nothing to overlap.
+    that backward keeps busy the thread takes its time from backward, which can pay only where
+    there is much to reduce: measured on 2 cores (docs/pytorch.md), a 42 MB gradient in 25 MB
+    buckets during backward added 0.9x the overhead of one bucket reduced in ``step()`` at 2
+    ranks and 1.04x-1.11x at 4 and 8, while a model of one bucket has nothing to overlap.
     """
     s = mpi_ops.state()
     if s.size == 1:

@@ -204,8 +204,9 @@ class Recovery:
         try:
             rebuilt = make(survivors, held)
             rebuilt.stop = StopSignals(rebuilt.comm) if stop is not None else None
+            rebuilt_at = time.time()
             for phases in self.phases[len(self.phases) - len(lost):]:
-                phases["rebuilt_at"] = time.time()
+                phases["rebuilt_at"] = rebuilt_at
         except MPI.Exception as again:
             raise RecoveryFailed(f"recovery failed: {_what(again)} while the trainer was rebuilt on "
                                  f"{plural(ranks_after, 'rank')} (a second loss during recovery)") from None
