@@ -114,11 +114,10 @@ class Plan:
         lib, reduction = self._lib, self._reduction
         self._bound = True
         if self.algorithm == "shared_memory" and reduction.code is not None:
-            window = lib.state.get(shared_memory.Window, False)
-            if window is False:
-                window = lib.attach(shared_memory.Window, shared_memory.window_for)  # collective, as in the call
-            if window is not None:
-                self._slots, self._state = window.slots(array.dtype), window.state
+            lib.attach(shared_memory.Window, shared_memory.window_for)  # collective the first time, as in the call
+            bound = shared_memory.binding(lib, array.dtype, reduction)
+            if bound is not None:
+                self._slots, self._state = bound
                 self._code, self._divisor = reduction.code, reduction.divisor
                 self._kernel = shared_memory._allreduce
 

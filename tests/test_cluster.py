@@ -177,3 +177,11 @@ def test_trainer_reports_nodes(nodes, tmp_path):
     hosts = {row["host"] for row in report["straggler"]["ranks"]}
     assert hosts == {"node1", "node2"}
     assert "node1" in done.stdout and "node2" in done.stdout
+
+
+@needs_cluster
+def test_status_measures_one_pair_and_every_link_at_once(nodes):
+    measured = cli.measure(nodes, 0.5)  # not saved: the bench above reads the shaped rate
+    assert set(measured) == {"1 flow", "4 flows", cli.EVERY_LINK}
+    for name, bits in measured.items():  # plain TCP gets a real share of the 4 Gbit/s, never more than it
+        assert 0.05 * nodes.link_bits < bits < 1.1 * nodes.link_bits, (name, bits)

@@ -151,6 +151,17 @@ def window_for(comm) -> Optional[Window]:
     return None if node is None else Window(node, comm.oversubscribed)
 
 
+def binding(comm, dtype: np.dtype, op) -> Optional[tuple]:
+    """What a call of ``op`` on ``dtype`` passes to ``_allreduce`` besides the buffer and the op:
+    ``(slots, state)`` of ``comm``'s window, or ``None`` if there is no window (not made yet, or
+    not usable here) or ``op`` has no numba kernel, where a call takes ``fallback``'s algorithm.
+    For callers that repeat one call many times (``plans``, ``allreduce``'s repeated calls)."""
+    window = comm.state.get(Window)
+    if window is None or op.code is None:
+        return None
+    return window.slots(dtype), window.state
+
+
 def fallback(nbytes: int) -> str:
     """The algorithm that sends a buffer of ``nbytes`` when there is no window (``FALLBACK_SPLIT``)."""
     return "recursive_doubling" if nbytes <= FALLBACK_SPLIT else "rabenseifner"

@@ -77,29 +77,54 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+#: The key of the measurement with every link busy at once (``measure``).
+EVERY_LINK = "every link at once"
+
+
+def _receiver(node, flows: int, seconds: float) -> subprocess.Popen:
+    receiver = subprocess.Popen(on_node(node, [sys.executable, "-m", "allreduce_kit.cluster.measure", "receive",
+                                               str(MEASURE_PORT), str(flows), str(seconds)]),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    assert receiver.stdout is not None
+    receiver.stdout.readline()  # "listening"
+    return receiver
+
+
+def _flows(state: State, pairs, flows: int, seconds: float) -> List[float]:
+    """Bits per second over each ``(sender, receiver)`` pair of nodes, all sending at once."""
+    receivers = []
+    try:
+        for _, to in pairs:
+            receivers.append(_receiver(to, flows, seconds))
+        senders = [subprocess.Popen(on_node(frm, [sys.executable, "-m", "allreduce_kit.cluster.measure", "send",
+                                                  to.address, str(MEASURE_PORT), str(flows), str(seconds)]),
+                                    stdin=subprocess.DEVNULL) for frm, to in pairs]
+        for sender in senders:
+            if sender.wait(timeout=seconds + 30) != 0:
+                raise subprocess.CalledProcessError(sender.returncode, "send")
+        return [json.loads(r.communicate(timeout=30)[0])["bits_per_second"] for r in receivers]
+    except (subprocess.SubprocessError, OSError, ValueError) as error:
+        links = ", ".join(f"{a.host} -> {b.host}" for a, b in pairs)
+        raise ClusterError(f"measuring {links} failed: {error}") from None
+    finally:
+        for r in receivers:
+            if r.poll() is None:
+                r.kill()
+
+
 def measure(state: State, seconds: float) -> dict:
-    """Bits per second from the first node to the second: one TCP flow, and several at once."""
+    """Bits per second from the first node to the second: one TCP flow, and several at once; and,
+    with every node sending to the next and receiving from the one before (every link busy both
+    ways, as in a ring allreduce), the slowest of those links."""
     if len(state.nodes) < 2:
         return {}
     first, second = state.nodes[0], state.nodes[1]
     results = {}
     for flows in (1, PARALLEL_FLOWS):
-        receiver = subprocess.Popen(on_node(second, [sys.executable, "-m", "allreduce_kit.cluster.measure", "receive",
-                                                     str(MEASURE_PORT), str(flows), str(seconds)]),
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
-        try:
-            assert receiver.stdout is not None
-            receiver.stdout.readline()  # "listening"
-            subprocess.run(on_node(first, [sys.executable, "-m", "allreduce_kit.cluster.measure", "send",
-                                           second.address, str(MEASURE_PORT), str(flows), str(seconds)]),
-                           stdin=subprocess.DEVNULL, timeout=seconds + 30, check=True)
-            out, _ = receiver.communicate(timeout=30)
-        except (subprocess.SubprocessError, OSError) as error:
-            raise ClusterError(f"measuring the link {first.host} -> {second.host} failed: {error}") from None
-        finally:
-            if receiver.poll() is None:
-                receiver.kill()
-        results[f"{flows} flow" + ("s" if flows > 1 else "")] = json.loads(out)["bits_per_second"]
+        results[f"{flows} flow" + ("s" if flows > 1 else "")] = _flows(state, [(first, second)], flows, seconds)[0]
+    n = len(state.nodes)
+    ring = [(state.nodes[k], state.nodes[(k + 1) % n]) for k in range(n)]
+    results[EVERY_LINK] = min(_flows(state, ring, 1, seconds))
     return results
 
 
@@ -109,10 +134,15 @@ def show(state: State) -> None:
     for node in state.nodes:
         cores = ",".join(map(str, node.cores)) or "all"
         print(f"  {node.host:8s} {node.address:14s} pid {node.pid:<8d} cores {cores}")
-    if state.measured:
-        parts = [f"{name}: {link.describe(int(bits))} ({100 * bits / state.link_bits:.0f}%)"
-                 for name, bits in state.measured.items()]
-        print(f"measured {state.nodes[0].host} -> {state.nodes[1].host}: " + ", ".join(parts))
+    def rate(bits: float) -> str:
+        return f"{link.describe(int(bits))} ({100 * bits / state.link_bits:.0f}%)"
+
+    pair = {name: bits for name, bits in state.measured.items() if name != EVERY_LINK}
+    if pair:
+        print(f"measured {state.nodes[0].host} -> {state.nodes[1].host}: "
+              + ", ".join(f"{name}: {rate(bits)}" for name, bits in pair.items()))
+    if EVERY_LINK in state.measured:
+        print(f"measured with every node sending to the next at once: slowest link {rate(state.measured[EVERY_LINK])}")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from allreduce_kit import ALGORITHMS, OPS, allreduce, library_comm
+from allreduce_kit import ALGORITHMS, OPS, allreduce, library_comm, online
 from conftest import assert_quiet, assert_same_everywhere
 
 DTYPES = ("float32", "float64", "int32", "int64")
@@ -310,3 +310,39 @@ def test_keeps_to_messages_when_any_rank_cannot_read_the_others(comm, algorithm,
                 assert library_comm(fresh).state.get(direct.Peers) is None, how
             finally:
                 fresh.Free()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS) + ["auto"])
+def test_repeated_calls_on_one_buffer_follow_every_change_to_it(algorithm):
+    """A loop that reduces one buffer on COMM_WORLD (its second call on takes the short path,
+    ``collective.Repeat``) gets MPI's answer each time, also after the op, the buffer's values,
+    shape or dtype change, and is refused once the buffer is read-only."""
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    buf = np.empty(1000, np.float64)
+    while algorithm == "auto" and online.exploring(library_comm(world), buf.nbytes):  # until auto's choice stays
+        allreduce(buf)
+    for k, op in enumerate(("sum", "sum", "sum", "max", "max", "sum")):
+        buf[:] = local_values(buf.size, "float64", rank + 7 * k)
+        expected = oracle(world, buf, op)
+        assert allreduce(buf, op=op, algorithm=algorithm) is buf
+        np.testing.assert_allclose(buf, expected, rtol=1e-12, atol=1e-12)
+        assert_same_everywhere(world, buf)
+    if size > 1:
+        assert id(buf) in library_comm(world).repeats  # remembered for the next call
+    buf.shape = (10, 100)  # the same memory, reshaped in place
+    buf[...] = local_values(buf.size, "float64", rank).reshape(10, 100)
+    expected = oracle(world, buf, "sum")
+    allreduce(buf, algorithm=algorithm)
+    np.testing.assert_allclose(buf, expected, rtol=1e-12, atol=1e-12)
+    buf.shape = (1000,)
+    buf.dtype = np.int64  # the same bytes, now int64, in place
+    for _ in range(2):
+        buf[:] = local_values(buf.size, "int64", rank) + (1 << 58)  # exact only as integers
+        expected = oracle(world, buf, "sum")
+        allreduce(buf, algorithm=algorithm)
+        assert np.array_equal(buf, expected)
+    buf.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        allreduce(buf, algorithm=algorithm)
