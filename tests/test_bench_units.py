@@ -85,3 +85,28 @@ def test_a_sample_is_restore_barrier_timed_calls_barrier():
     assert len(samples) == 3 * 2
     for sample in samples:
         assert sample in (["restore", "barrier", "a", "a", "barrier"], ["restore", "barrier", "b", "b", "barrier"])
+
+
+def test_the_batch_follows_the_quickest_warm_up_call():
+    """A one-off cost in one warm-up call (a first use, a rank that arrives late) does not shrink
+    the batch: it is set by the quickest warm-up call of the fastest algorithm."""
+    import time
+
+    from allreduce_kit.bench.timing import MAX_BATCH, time_calls
+
+    class OneRank:
+        def Barrier(self):
+            pass
+
+        def Allreduce(self, sendbuf, recvbuf, op=None):
+            pass
+
+    first = [True]
+
+    def slow_once():
+        if first[0]:
+            first[0] = False
+            time.sleep(0.02)
+
+    _, batches = time_calls({"a": slow_once}, lambda: None, OneRank(), samples=1, warmup=2)
+    assert batches == {"a": MAX_BATCH}

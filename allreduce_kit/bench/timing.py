@@ -15,8 +15,8 @@ right after the same other one and inherits the state it leaves behind. Buffers
 exist and kernels are compiled before the first timed call (warm-up calls run first).
 
 ``batch`` comes from the warm-up: as many calls as fit in ``SAMPLE_SECONDS`` at the fastest
-algorithm's warm-up pace (on the slowest rank), 1 to ``MAX_BATCH``, unless ``--batch`` fixes
-it. Batching keeps a microsecond call from drowning in timer and barrier noise; one call per
+algorithm's warm-up pace (its quickest warm-up call, on the slowest rank), 1 to ``MAX_BATCH``,
+unless ``--batch`` fixes it. Batching keeps a microsecond call from drowning in timer and barrier noise; one call per
 sample suffices for long ones. Every algorithm of a size gets the same batch: a sample's fixed
 cost (ranks leave the barrier at different times, by up to a time slice when they share cores)
 is then spread over the same number of calls for each, instead of favouring whichever
@@ -36,13 +36,13 @@ def time_calls(calls: Dict[str, Callable[[], object]], restore: Callable[[], obj
                samples: int, warmup: int, batch: int = 0) -> Tuple[Dict[str, np.ndarray], Dict[str, int]]:
     """Seconds per call for each sample of each call (the slowest rank's, the same on every
     rank), and the batch each was timed with."""
-    paces = np.zeros(len(calls))
+    paces = np.full(len(calls), np.inf)
     for j, call in enumerate(calls.values()):
         restore()
-        start = perf_counter()
-        for _ in range(warmup):
+        for _ in range(warmup):  # the pace is the quickest warm-up call: a one-off cost of one call
+            start = perf_counter()  # (a first use, a rank that arrives late) would shrink every batch
             call()
-        paces[j] = (perf_counter() - start) / max(warmup, 1)
+            paces[j] = min(paces[j], perf_counter() - start)
     comm.Allreduce(MPI.IN_PLACE, paces, op=MPI.MAX)
     common = batch if batch > 0 else int(max(1, min(MAX_BATCH, SAMPLE_SECONDS / max(paces.min(), 1e-9))))
     batches = [common] * len(calls)
