@@ -331,6 +331,10 @@ def test_repeated_calls_on_one_buffer_follow_every_change_to_it(algorithm):
         assert_same_everywhere(world, buf)
     if size > 1:
         assert id(buf) in library_comm(world).repeats  # remembered for the next call
+        other = np.ones(10)
+        for _ in range(2):  # a call with check or stall_timeout always takes the full path: nothing kept
+            allreduce(other, algorithm=algorithm, check=False)
+        assert id(other) not in library_comm(world).repeats
     buf.shape = (10, 100)  # the same memory, reshaped in place
     buf[...] = local_values(buf.size, "float64", rank).reshape(10, 100)
     expected = oracle(world, buf, "sum")
