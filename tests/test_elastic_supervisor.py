@@ -301,3 +301,17 @@ def test_bad_supervisor_options_exit_2_with_one_message(args, message, tmp_path)
     result = subprocess.run([sys.executable, "-m", "allreduce_kit.train", "--elastic", *args], capture_output=True,
                             text=True, timeout=60, cwd=str(tmp_path))
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_ranks_found_dead_together_are_told_apart_by_what_mpiexec_names():
+    """When a look finds several ranks dead at once (the launcher ended the others before the
+    look), the first is the one MPICH's mpiexec names as the bad termination; a launcher that
+    names none of them leaves it unknown."""
+    job = object.__new__(elastic.Job)
+    job.text = ["epoch  2/10  loss 0.58\n", "\n", "=" * 83 + "\n",
+                "=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n", "=   PID 4242 RUNNING AT vm\n",
+                "=   EXIT CODE: 9\n"]
+    assert job._named_by_launcher([4241, 4242, 4243], wait=0) == 4242
+    assert job._named_by_launcher([4241, 4243], wait=0) is None
+    job.text = ["nothing from the launcher\n"]
+    assert job._named_by_launcher([4241, 4242], wait=0.05) is None

@@ -309,8 +309,9 @@ class Job:
                 dead = [pid for pid in dead if pid in _registry(report)]
             if len(dead) == 1:
                 self.first_dead = (dead[0], time.monotonic(), step)
-            elif dead:                         # seen too late to tell which went first
+            elif dead:                         # seen too late to tell which went first, unless the launcher says
                 self.first_dead = (None, time.monotonic(), step)
+                self.first_dead = (self._named_by_launcher(dead), *self.first_dead[1:])
             if self.first_dead is None:
                 self.silent, self.silent_since = beats.silent()
                 self.silent_step = step
@@ -325,6 +326,19 @@ class Job:
                 _say(f"recovered: first step on {loss.ranks_after} ranks {loss.recovery_seconds:.1f} s after "
                      f"the death")
         return first
+
+    def _named_by_launcher(self, dead: List[int], wait: float = 1.0) -> Optional[int]:
+        """The one of ``dead`` that MPICH's ``mpiexec`` names as the first bad termination
+        (``HYDRA_DEATH``; it says so before it ends the others), waiting up to ``wait`` seconds for
+        that line; None if it names none of them (another launcher, or a rank elsewhere)."""
+        until = time.monotonic() + wait
+        while True:
+            found = HYDRA_DEATH.search("".join(self.text))
+            if found and int(found.group(1)) in dead:
+                return int(found.group(1))
+            if found or time.monotonic() > until:
+                return None
+            time.sleep(0.01)
 
     def _node_died_first(self, beats: Heartbeats) -> None:
         """A rank found dead here may have died of a node that died first: MPI over TCP can end a
