@@ -239,14 +239,13 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
                                                  lib.reductions[name], array.nbytes)
                     return buf
                 else:  # online tuning off: the table's choice, which stays
-                    settled = None
                     runs = selection.choose_for(lib, array.nbytes)
                     if len(lib.fixed_choices) < selection.MEMO_SIZES:
                         lib.fixed_choices[array.nbytes] = runs
         ALGORITHMS[runs](lib, array if array.ndim == 1 else array.reshape(-1), lib.reductions[name])
         if (check is None and not checked and stall_timeout is None and array is buf and buf.ndim == 1 and _world
                 and lib is _world[0]):  # what the short path at the top takes
-            Repeat.keep(lib, buf, op, name, algorithm, settled or None, runs)
+            Repeat.keep(lib, buf, op, name, algorithm, settled, runs)
     finally:
         INSPECTOR.current = None
     return buf

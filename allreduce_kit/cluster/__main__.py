@@ -90,7 +90,7 @@ def _receiver(node, flows: int, seconds: float) -> subprocess.Popen:
     return receiver
 
 
-def _flows(state: State, pairs, flows: int, seconds: float) -> List[float]:
+def _flows(pairs, flows: int, seconds: float) -> List[float]:
     """Bits per second over each ``(sender, receiver)`` pair of nodes, all sending at once."""
     receivers = []
     try:
@@ -121,10 +121,10 @@ def measure(state: State, seconds: float) -> dict:
     first, second = state.nodes[0], state.nodes[1]
     results = {}
     for flows in (1, PARALLEL_FLOWS):
-        results[f"{flows} flow" + ("s" if flows > 1 else "")] = _flows(state, [(first, second)], flows, seconds)[0]
+        results[f"{flows} flow" + ("s" if flows > 1 else "")] = _flows([(first, second)], flows, seconds)[0]
     n = len(state.nodes)
     ring = [(state.nodes[k], state.nodes[(k + 1) % n]) for k in range(n)]
-    results[EVERY_LINK] = min(_flows(state, ring, 1, seconds))
+    results[EVERY_LINK] = min(_flows(ring, 1, seconds))
     return results
 
 
@@ -134,6 +134,7 @@ def show(state: State) -> None:
     for node in state.nodes:
         cores = ",".join(map(str, node.cores)) or "all"
         print(f"  {node.host:8s} {node.address:14s} pid {node.pid:<8d} cores {cores}")
+
     def rate(bits: float) -> str:
         return f"{link.describe(int(bits))} ({100 * bits / state.link_bits:.0f}%)"
 

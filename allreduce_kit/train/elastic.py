@@ -310,8 +310,8 @@ class Job:
             if len(dead) == 1:
                 self.first_dead = (dead[0], time.monotonic(), step)
             elif dead:                         # seen too late to tell which went first, unless the launcher says
-                self.first_dead = (None, time.monotonic(), step)
-                self.first_dead = (self._named_by_launcher(dead), *self.first_dead[1:])
+                when = time.monotonic()
+                self.first_dead = (self._named_by_launcher(dead), when, step)
             if self.first_dead is None:
                 self.silent, self.silent_since = beats.silent()
                 self.silent_step = step
