@@ -27,7 +27,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from ..kernels import reduce as _loops
-from .signature import PROBE_FIRST
+from .signature import PROBE_FIRST, low_bits, tag_bits
 
 #: Buffers up to this many bytes take the compiled path; it allocates its receive buffer on
 #: every call, which is cheap only while small. Above it, per-call costs no longer matter.
@@ -64,26 +64,29 @@ def _sendrecv(typingctx, fn, sendbuf, recvbuf, count, datatype, peer, sendtag, r
 
 
 @njit(cache=True, nogil=True)
-def exchange(buf, state, handles, tag, code, divisor):
+def exchange(buf, state, handles, code, divisor):
     """For each partner in turn: swap ``buf`` with it, then ``buf = buf op partner's`` (``op`` is
-    ``code``, see ``kernels.OP_CODES``); then divide by ``divisor`` unless it is 0. ``tag``: the
-    call's (``signature.tag``), sent with every message and expected on every message received.
+    ``code``, see ``kernels.OP_CODES``); then divide by ``divisor`` unless it is 0. Every message
+    sent carries the call's tag (``signature.tag`` of ``buf`` for the caller's algorithm,
+    computed here), and every message received is expected to carry it too.
 
     ``state``: the ``MPI_Sendrecv`` address, ``MPI_ANY_TAG``, the index of ``MPI_TAG`` in an
-    ``MPI_Status`` viewed as int32, room for an MPI error code, the number of partners n, the n
-    partners, then room for an ``MPI_Status`` (``Exchange``). ``handles``: the communicator and
+    ``MPI_Status`` viewed as int32, room for an MPI error code, the algorithm's ``TAG``,
+    ``signature.LOW_BITS``, the number of partners n, the n partners, then room for an
+    ``MPI_Status`` (``Exchange``). ``handles``: the communicator and
     ``MPI_BYTE`` (messages go as bytes, see ``signature.py``). Returns the number of exchanges
     done: n; or k < n if the exchange with partner k failed (its MPI error code, nonzero, is left in
-    ``state[3]``) or received a tag other than ``tag`` (the ranks' calls differ), before
-    folding that partner's copy in: the caller takes over from there.
+    ``state[3]``) or received another tag (the ranks' calls differ), before folding that
+    partner's copy in: the caller takes over from there.
     """
     incoming = np.empty_like(buf)
-    fn, any_tag, where, n = state[0], state[1], state[2], state[4]
-    status = state[5 + n:]
+    fn, any_tag, where, n = state[0], state[1], state[2], state[6]
+    tag = tag_bits(buf, state[4], state[5])
+    status = state[7 + n:]
     received = status.view(np.int32)
     send, recv, count, datatype = buf.ctypes.data, incoming.ctypes.data, buf.size * buf.itemsize, handles[1]
     for k in range(n):
-        err = _sendrecv(fn, send, recv, count, datatype, state[5 + k], tag, any_tag, handles[0], status.ctypes.data)
+        err = _sendrecv(fn, send, recv, count, datatype, state[7 + k], tag, any_tag, handles[0], status.ctypes.data)
         if err != 0 or received[where] != tag:
             state[3] = err
             return k
@@ -124,15 +127,16 @@ AVAILABLE = not PROBE_FIRST and (_SENDRECV is not None and _HANDLE_DTYPE is not 
 
 
 class Exchange:
-    """``exchange``'s ``state`` and ``handles`` for one communicator and list of partners; call
-    ``exchange(buf, x.state, x.handles, tag, op.code, op.divisor)`` with a ``Reduction`` ``op``."""
+    """``exchange``'s ``state`` and ``handles`` for one communicator, algorithm ``TAG`` and list
+    of partners; call ``exchange(buf, x.state, x.handles, op.code, op.divisor)`` with a
+    ``Reduction`` ``op``."""
 
     __slots__ = ("state", "handles")
 
-    def __init__(self, comm: MPI.Intracomm, partners: Sequence[int]):
+    def __init__(self, comm: MPI.Intracomm, partners: Sequence[int], algorithm: int):
         status_words = MPI._sizeof(MPI.Status) // 8 + 1
-        self.state = np.array([_SENDRECV, MPI.ANY_TAG, _TAG_INDEX, 0, len(partners), *partners] + [0] * status_words,
-                              np.int64)
+        self.state = np.array([_SENDRECV, MPI.ANY_TAG, _TAG_INDEX, 0, algorithm, low_bits(), len(partners), *partners]
+                              + [0] * status_words, np.int64)
         # ``_handleof`` gives a handle's bits as an unsigned integer; the C type may be signed.
         signed = ctypes.c_int32 if _HANDLE_BYTES == 4 else ctypes.c_int64
         handles = [comm, MPI.BYTE]
@@ -144,10 +148,10 @@ class Exchange:
 
     def received(self) -> int:
         """The tag of the message received last."""
-        return int(self.state[5 + self.state[4]:].view(np.int32)[_TAG_INDEX])
+        return int(self.state[7 + self.state[6]:].view(np.int32)[_TAG_INDEX])
 
 
-def exchange_for(comm, partners: Sequence[int]) -> Optional[Exchange]:
-    """An ``Exchange`` over ``partners``, or ``None`` if this MPI library's ``MPI_Sendrecv`` cannot
-    be called from compiled code."""
-    return Exchange(comm, partners) if AVAILABLE else None
+def exchange_for(comm, partners: Sequence[int], algorithm: int) -> Optional[Exchange]:
+    """An ``Exchange`` over ``partners`` for ``algorithm`` (its ``TAG``), or ``None`` if this
+    MPI library's ``MPI_Sendrecv`` cannot be called from compiled code."""
+    return Exchange(comm, partners, algorithm) if AVAILABLE else None

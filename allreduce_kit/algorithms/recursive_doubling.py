@@ -29,32 +29,44 @@ TAG = 104
 def allreduce(comm, buf, op, name: str = "recursive_doubling"):
     """``name``: the algorithm the caller asked for, for the error if the ranks' buffers differ."""
     fold = comm.state.get(Fold) or fold_of(comm)
-    tag = signature(buf, TAG)
-    if fold.rem:
-        tag = fold_in(comm, buf, op, fold, tag)
     partners = fold.partners  # the lowest bit first; the steps take the highest first
-    if partners:
-        done = 0
-        if op.code is not None and buf.nbytes <= native.MAX_BYTES:
-            compiled = comm.state.get(native.Exchange, False)
-            if compiled is False:
-                compiled = comm.attach(native.Exchange, lambda c: native.exchange_for(c, partners[::-1]))
-            if compiled is not None:
-                done = native.exchange(buf, compiled.state, compiled.handles, tag, op.code, op.divisor)
-                if done < len(partners):  # a partner's tag or size differed: take over after that step
-                    tag = _took_over(comm, buf, compiled, partners[-1 - done], tag)
-                    done += 1
-        if done < len(partners):
-            for k in range(len(partners) - 1 - done, -1, -1):
-                tag = sendrecv_combine(comm, buf, partners[k], buf, partners[k], tag, op, k == 0, 1)
-        if tag & BAD:  # the steps of ``rabenseifner``'s allgather, for ``shared_memory``'s fallback
-            empty = buf[:0]
-            for partner in partners:
-                tag = sendrecv(comm, empty, partner, empty, partner, tag)
-    if fold.rem:
-        tag = fold_out(comm, buf, fold, tag)
+    compiled = None
+    if partners and op.code is not None and buf.nbytes <= native.MAX_BYTES:
+        compiled = comm.state.get(native.Exchange, False)
+        if compiled is False:
+            compiled = comm.attach(native.Exchange, lambda c: native.exchange_for(c, partners[::-1], TAG))
+    if compiled is not None and not fold.rem:  # a short buffer on a power of two: every step compiled
+        done = native.exchange(buf, compiled.state, compiled.handles, op.code, op.divisor)
+        if done == len(partners):
+            return
+        tag = _steps(comm, buf, op, partners, compiled, done, signature(buf, TAG))
+    else:
+        tag = signature(buf, TAG)
+        if fold.rem:
+            tag = fold_in(comm, buf, op, fold, tag)
+        if tag & BAD:  # the compiled loop sends the call's own tag: a rank that knows takes the Python steps
+            compiled = None
+        done = 0 if compiled is None else native.exchange(buf, compiled.state, compiled.handles, op.code, op.divisor)
+        tag = _steps(comm, buf, op, partners, compiled, done, tag)
+        if fold.rem:
+            tag = fold_out(comm, buf, fold, tag)
     if tag & BAD:
         raise mismatch(comm, buf, name)
+
+
+def _steps(comm, buf, op, partners, compiled, done: int, tag: int) -> int:
+    """The exchange steps after the ``done`` that ``compiled`` took (all, without it), in Python;
+    returns the call's tag."""
+    if compiled is not None and done < len(partners):  # a partner's tag or size differed: take over after that step
+        tag = _took_over(comm, buf, compiled, partners[-1 - done], tag)
+        done += 1
+    for k in range(len(partners) - 1 - done, -1, -1):
+        tag = sendrecv_combine(comm, buf, partners[k], buf, partners[k], tag, op, k == 0, 1)
+    if tag & BAD:  # the steps of ``rabenseifner``'s allgather, for ``shared_memory``'s fallback
+        empty = buf[:0]
+        for partner in partners:
+            tag = sendrecv(comm, empty, partner, empty, partner, tag)
+    return tag
 
 
 def _took_over(comm, buf, compiled, partner: int, tag: int) -> int:

@@ -53,10 +53,12 @@ _status = MPI.Status()
 PROBE_FIRST = "Open MPI" in MPI.Get_library_version()
 
 
-def _low_bits() -> int:
+def low_bits() -> int:
+    """``LOW_BITS``, set on the first call (MPI must be running)."""
     global LOW_BITS
-    bound = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)  # at least 32767 by the standard; 2**29 - 1 in MPICH
-    LOW_BITS = (bound + 1).bit_length() - 1 - 2 - 5  # tag bits, less BAD and MORE, less the hash
+    if not LOW_BITS:
+        bound = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)  # at least 32767 by the standard; 2**29 - 1 in MPICH
+        LOW_BITS = (bound + 1).bit_length() - 1 - 2 - 5  # tag bits, less BAD and MORE, less the hash
     return LOW_BITS
 
 
@@ -67,43 +69,35 @@ def tag(buf: np.ndarray, algorithm: int) -> int:
     if found is None:  # a new length, dtype or algorithm: computed once (a loop's calls repeat them)
         if len(_TAGS) >= 4096:
             _TAGS.clear()
-        low = LOW_BITS or _low_bits()
-        size = buf.size
-        mixed = (_CODES[buf.dtype] + 4 * algorithm + 7 * (size >> low)) & 31
-        found = _TAGS[key] = ((mixed << low) | (size & ((1 << low) - 1))) << 2
+        found = _TAGS[key] = int(tag_bits(buf, algorithm, low_bits()))
     return found
 
 
 _TAGS: dict = {}
 
 
+_BYTE, _ANY_TAG = MPI.BYTE, MPI.ANY_TAG  # looked up once: a short message's call is a few microseconds
+
+
 def send(comm, buf: np.ndarray, dest: int, tag: int) -> None:
     """Send ``buf`` to ``dest`` with ``tag`` (as bytes, like every message here)."""
-    comm.Send([buf, MPI.BYTE], dest, tag)
+    comm.Send([buf, _BYTE], dest, tag)
 
 
-def recv(comm, buf: np.ndarray, source: int, tag: int) -> int:
+def _recv(comm, buf: np.ndarray, source: int, tag: int) -> int:
     """Receive ``source``'s message into ``buf``; return ``tag``, with ``BAD`` if the message's
     tag says the call is inconsistent or the message did not fit."""
-    if PROBE_FIRST:
-        return _probed_recv(comm, buf, source, tag)
     try:
-        comm.Recv([buf, MPI.BYTE], source, MPI.ANY_TAG, _status)
+        comm.Recv([buf, _BYTE], source, _ANY_TAG, _status)
     except MPI.Exception as error:
         return _truncated(error, tag)
     return tag if _status.tag & ~MORE == tag else tag | BAD
 
 
-def sendrecv(comm, send: np.ndarray, dest: int, recv: np.ndarray, source: int, tag: int, more: int = 0) -> int:
+def _sendrecv(comm, send: np.ndarray, dest: int, recv: np.ndarray, source: int, tag: int, more: int = 0) -> int:
     """``Sendrecv`` with ``tag | more`` on the message sent; the received message checked as in ``recv``."""
-    if PROBE_FIRST:
-        request = comm.Isend([send, MPI.BYTE], dest, tag | more)
-        try:
-            return _probed_recv(comm, recv, source, tag)
-        finally:
-            request.Wait()
     try:
-        comm.Sendrecv([send, MPI.BYTE], dest, tag | more, [recv, MPI.BYTE], source, MPI.ANY_TAG, _status)
+        comm.Sendrecv([send, _BYTE], dest, tag | more, [recv, _BYTE], source, _ANY_TAG, _status)
     except MPI.Exception as error:
         return _truncated(error, tag)
     return tag if _status.tag & ~MORE == tag else tag | BAD
@@ -111,13 +105,28 @@ def sendrecv(comm, send: np.ndarray, dest: int, recv: np.ndarray, source: int, t
 
 def _probed_recv(comm, buf: np.ndarray, source: int, tag: int) -> int:
     """``recv``, but a message larger than ``buf`` is received into a scratch buffer and dropped."""
-    message = comm.Mprobe(source, MPI.ANY_TAG, _status)
-    size = _status.Get_count(MPI.BYTE)
+    message = comm.Mprobe(source, _ANY_TAG, _status)
+    size = _status.Get_count(_BYTE)
     if size > buf.nbytes:
-        message.Recv([np.empty(size, np.uint8), MPI.BYTE], _status)
+        message.Recv([np.empty(size, np.uint8), _BYTE], _status)
         return tag | BAD
-    message.Recv([buf, MPI.BYTE], _status)
+    message.Recv([buf, _BYTE], _status)
     return tag if _status.tag & ~MORE == tag else tag | BAD
+
+
+def _probed_sendrecv(comm, send: np.ndarray, dest: int, recv: np.ndarray, source: int, tag: int,
+                     more: int = 0) -> int:
+    """``sendrecv``, the message received as in ``_probed_recv``."""
+    request = comm.Isend([send, _BYTE], dest, tag | more)
+    try:
+        return _probed_recv(comm, recv, source, tag)
+    finally:
+        request.Wait()
+
+
+#: ``recv(comm, buf, source, tag)`` and ``sendrecv(comm, send, dest, recv, source, tag, more=0)``
+#: for this MPI library (``PROBE_FIRST``).
+recv, sendrecv = (_probed_recv, _probed_sendrecv) if PROBE_FIRST else (_recv, _sendrecv)
 
 
 def received() -> int:
@@ -158,6 +167,15 @@ def dtype_code(buf):
 def _dtype_code(buf):
     code = _CODES[np.dtype(buf.dtype.name)]
     return lambda buf: code
+
+
+@njit(cache=True, nogil=True)
+def tag_bits(buf, algorithm, low):
+    """``tag(buf, algorithm)``, computed; ``low`` is ``LOW_BITS``. Compiled code (``native.py``)
+    calls it directly."""
+    size = buf.size
+    mixed = (dtype_code(buf) + 4 * algorithm + 7 * (size >> low)) & 31
+    return ((mixed << low) | (size & ((1 << low) - 1))) << 2
 
 
 @njit(cache=True, nogil=True)
