@@ -80,7 +80,7 @@ def _core_to_spare(s) -> bool:
 class _Bucket:
     """Consecutive parameters of one dtype and their gradients' place in one flat buffer."""
 
-    __slots__ = ("params", "names", "bounds", "flat", "views", "seconds", "shared")
+    __slots__ = ("params", "names", "bounds", "flat", "views", "seconds", "shared", "spent")
 
     def __init__(self, named: Sequence[Tuple[str, torch.Tensor]]):
         self.names = [name for name, _ in named]
@@ -94,6 +94,11 @@ class _Bucket:
         self.seconds = 0.0  # how long its last reduction took (pack, reduce, unpack)
         #: the node's window that holds ``flat`` (``shared_buckets``), or None: ``flat`` is private
         self.shared = None
+        #: the gradients backward last produced, copied into ``flat``: kept until ``zero_grad``
+        #: (or the next reduction), as long as a plain optimizer keeps them, so that the next
+        #: backward's gradients take their memory again instead of memory the allocator may
+        #: have handed back to the system (measured: 10 k page faults per backward of 42 MB)
+        self.spent: List[torch.Tensor] = []
 
     def use(self, flat: torch.Tensor) -> None:
         """Keep the gradients in ``flat`` from now on; a ``.grad`` that was a view of the old
@@ -255,6 +260,7 @@ class _DistributedOptimizer:
                 into.append(view)
         if into:
             torch._foreach_copy_(into, grads)   # every copy in one call
+        bucket.spent = grads
         scaled = self._predivide != 1.0
         if scaled:
             flat.mul_(1.0 / self._predivide)
@@ -338,6 +344,8 @@ class _DistributedOptimizer:
         if self._launched or any(self._ready):
             raise RuntimeError("DistributedOptimizer: zero_grad() was called after backward() and before step() or "
                                "synchronize(), while gradients are being averaged; call it before backward()")
+        for bucket in self._buckets:
+            bucket.spent = []
         super().zero_grad(set_to_none)
 
     def report(self, file: Optional[TextIO] = sys.stdout, json_path: Optional[str] = None) -> Dict[str, Any]:
