@@ -50,8 +50,8 @@ def overlap_choice(overlap: Optional[bool], nbytes: int = 0) -> Tuple[bool, str]
     threads; else only if the gradients fill more than one bucket of ``BUCKET_MB``. On cores
     that backward keeps busy the thread takes its time from backward, which can pay only where
     there is much to reduce: measured on 2 cores (docs/pytorch.md), a 42 MB gradient in 25 MB
-    buckets during backward added 0.9x the overhead of one bucket reduced in ``step()`` at 2
-    ranks and 1.04x-1.11x at 4 and 8, while a model of one bucket has nothing to overlap.
+    buckets during backward added 0.93x-1.0x the overhead of one bucket reduced in ``step()``
+    at 2, 4 and 8 ranks, while a model of one bucket has nothing to overlap.
     """
     s = mpi_ops.state()
     if s.size == 1:
@@ -250,17 +250,18 @@ class _DistributedOptimizer:
         start = time.perf_counter()
         bucket = self._buckets[k]
         flat = bucket.flat
-        grads, into = [], []
+        spent, grads, into = [], [], []
         for p, view in zip(bucket.params, bucket.views):
             grad = p.grad
             if grad is None:
                 view.zero_()
             elif grad.data_ptr() != view.data_ptr():   # not already the bucket's own memory
+                spent.append(grad)
                 grads.append(grad.detach())
                 into.append(view)
         if into:
             torch._foreach_copy_(into, grads)   # every copy in one call
-        bucket.spent = grads
+        bucket.spent = spent
         scaled = self._predivide != 1.0
         if scaled:
             flat.mul_(1.0 / self._predivide)

@@ -9,6 +9,7 @@ import copy
 import hashlib
 import json
 import os
+import weakref
 
 import numpy as np
 import pytest
@@ -640,6 +641,30 @@ def test_too_many_backward_passes_and_zero_grad_too_early_are_refused():
         net(x).sum().backward()
         opt.step()
     same_everywhere(torch.cat([p.detach().reshape(-1) for p in net.parameters()]))
+    assert_quiet()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_gradients_backward_produced_live_until_zero_grad_as_with_a_plain_optimizer(overlap):
+    """After the reduction ``.grad`` is a view of the bucket, but the tensors backward produced
+    stay alive until ``zero_grad``, so that the next backward reuses their memory instead of
+    memory the allocator may have handed back to the system."""
+    net = made_on(0)
+    net.bn.eval()
+    opt = hvd.DistributedOptimizer(sgd(net), named_parameters=net.named_parameters(), bucket_mb=0.0005,
+                                   overlap=overlap)
+    x = data_of(0, (4, 20), torch.float32)
+    produced = []
+    for _ in range(2):
+        opt.zero_grad()
+        assert all(ref() is None for ref in produced), "zero_grad releases the last backward's gradients"
+        net(x).sum().backward()
+        produced = [weakref.ref(p.grad) for p in net.parameters()]
+        opt.step()
+        assert all(ref() is not None for ref in produced), "dropped before zero_grad"
+        if P > 1:
+            assert all(p.grad is not ref() for p, ref in zip(net.parameters(), produced)), ".grad is the bucket's view"
     assert_quiet()
 
 
