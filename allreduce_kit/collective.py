@@ -128,8 +128,8 @@ class Repeat:
     flags, and that ``auto``'s class is still quiet with the same winner; anything else takes
     the full path, which then keeps the new call."""
 
-    __slots__ = ("ref", "shape", "dtype", "op", "name", "algorithm", "settled", "winner", "fn", "kernel", "slots",
-                 "state")
+    __slots__ = ("ref", "shape", "dtype", "op", "reduction", "algorithm", "settled", "winner", "fn", "kernel",
+                 "slots", "state")
 
     #: Buffers remembered per communicator; all are forgotten when one more comes.
     SIZE = 16
@@ -137,10 +137,10 @@ class Repeat:
     def __init__(self, lib, buf: np.ndarray, op, name: str, algorithm: str, settled, winner: str):
         self.ref = weakref.ref(buf)
         self.shape, self.dtype = buf.shape, buf.dtype
-        self.op, self.name, self.algorithm = op, name, algorithm
+        self.op, self.reduction, self.algorithm = op, lib.reductions[name], algorithm
         self.settled, self.winner = settled, winner
         self.fn = ALGORITHMS[winner]
-        bound = shared_memory.binding(lib, buf.dtype, lib.reductions[name]) if winner == "shared_memory" else None
+        bound = shared_memory.binding(lib, buf.dtype, self.reduction) if winner == "shared_memory" else None
         self.kernel = None if bound is None else shared_memory._allreduce
         self.slots, self.state = bound or (None, None)
 
@@ -189,8 +189,8 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
                 watch.calls += 1
                 INSPECTOR.current = (watch, None, algorithm, buf)
                 try:
-                    reduction = lib.reductions[again.name]
-                    if again.kernel is None or reduction.code is None:
+                    reduction = again.reduction
+                    if again.kernel is None:  # set only where the reduction has a compiled kernel
                         again.fn(lib, buf, reduction)
                     elif again.kernel(buf, again.slots, again.state, reduction.code, reduction.divisor) != 0:
                         raise mismatch(lib, buf, "shared_memory")

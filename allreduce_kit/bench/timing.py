@@ -17,10 +17,10 @@ exist and kernels are compiled before the first timed call (warm-up calls run fi
 ``batch`` comes from the warm-up: as many calls as fit in ``SAMPLE_SECONDS`` at the fastest
 algorithm's warm-up pace (its quickest warm-up call, on the slowest rank), 1 to ``MAX_BATCH``,
 unless ``--batch`` fixes it. Batching keeps a microsecond call from drowning in timer and
-barrier noise; one call per sample suffices for long ones. Every algorithm of a size gets the same batch: a sample's fixed
-cost (ranks leave the barrier at different times, by up to a time slice when they share cores)
-is then spread over the same number of calls for each, instead of favouring whichever
-algorithm happened to warm up fastest.
+barrier noise; one call per sample suffices for long ones. Every algorithm of a size gets the
+same batch: a sample's fixed cost (ranks leave the barrier at different times, by up to a time
+slice when they share cores) is then spread over the same number of calls for each, instead of
+favouring whichever algorithm happened to warm up fastest.
 """
 from time import perf_counter
 from typing import Callable, Dict, Tuple
