@@ -652,19 +652,24 @@ def test_the_gradients_backward_produced_live_until_zero_grad_as_with_a_plain_op
     memory the allocator may have handed back to the system."""
     net = made_on(0)
     net.bn.eval()
+    params = list(net.parameters())
+    produced = {}  # what backward left in each .grad, seen before the optimizer's hooks hand it on
+    for index, p in enumerate(params):  # registered first, so they run first
+        p.register_post_accumulate_grad_hook(lambda p, index=index: produced.__setitem__(index, weakref.ref(p.grad)))
     opt = hvd.DistributedOptimizer(sgd(net), named_parameters=net.named_parameters(), bucket_mb=0.0005,
                                    overlap=overlap)
     x = data_of(0, (4, 20), torch.float32)
-    produced = []
     for _ in range(2):
+        last = list(produced.values())
         opt.zero_grad()
-        assert all(ref() is None for ref in produced), "zero_grad releases the last backward's gradients"
+        assert all(ref() is None for ref in last), "zero_grad releases the last backward's gradients"
+        produced.clear()
         net(x).sum().backward()
-        produced = [weakref.ref(p.grad) for p in net.parameters()]
         opt.step()
-        assert all(ref() is not None for ref in produced), "dropped before zero_grad"
+        assert sorted(produced) == list(range(len(params)))
+        assert all(ref() is not None for ref in produced.values()), "dropped before zero_grad"
         if P > 1:
-            assert all(p.grad is not ref() for p, ref in zip(net.parameters(), produced)), ".grad is the bucket's view"
+            assert all(p.grad is not produced[i]() for i, p in enumerate(params)), ".grad is the bucket's view"
     assert_quiet()
 
 
