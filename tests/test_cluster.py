@@ -121,7 +121,9 @@ def test_ranks_run_on_their_nodes_cores(nodes):
     assert all(n.cores == [] for n in nodes.nodes)  # made without --own-cores: every node on all cores
     machine = sorted(os.sched_getaffinity(0))
     done = run("-n", str(NODES), "--placement", "round-robin", "--", PYTHON, "-c",
-               "import os, socket; print(socket.gethostname(), *sorted(os.sched_getaffinity(0)))", timeout=120)
+               "import os, socket; cores = ' '.join(map(str, sorted(os.sched_getaffinity(0))));"
+               "os.write(1, f'{socket.gethostname()} {cores}\\n'.encode())",  # one write: lines of ranks never mix
+               timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     seen = {line.split()[0]: [int(c) for c in line.split()[1:]] for line in done.stdout.splitlines()}
     assert seen == {n.host: machine for n in nodes.nodes}
