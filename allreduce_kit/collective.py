@@ -117,8 +117,10 @@ def _agree(comm, buf, op: str, algorithm: str, error: Optional[Exception]) -> No
 
 
 class Repeat:
-    """How ``allreduce`` reduced one buffer, kept so that the same call again (the same buffer
-    object, op and algorithm: a loop that reduces one buffer) skips the lookups.
+    """How ``allreduce`` reduced one buffer with one algorithm, kept so that the same call again
+    (the same buffer object, op and algorithm: a loop that reduces one buffer) skips the lookups.
+    Kept per buffer and algorithm, so that calls that take turns on one buffer with different
+    algorithms (as the bench does) each stay on the short path.
 
     Kept, in ``COMM_WORLD``'s ``LibraryComm.repeats``, only for a plain 1-D C-contiguous buffer
     without ``check`` or ``stall_timeout``, and only where the algorithm that ran cannot change
@@ -131,7 +133,7 @@ class Repeat:
     __slots__ = ("ref", "shape", "dtype", "op", "reduction", "algorithm", "settled", "winner", "fn", "kernel",
                  "slots", "state")
 
-    #: Buffers remembered per communicator; all are forgotten when one more comes.
+    #: Calls (buffer and algorithm) remembered per communicator; all are forgotten when one more comes.
     SIZE = 16
 
     def __init__(self, lib, buf: np.ndarray, op, name: str, algorithm: str, settled, winner: str):
@@ -146,9 +148,9 @@ class Repeat:
 
     @staticmethod
     def keep(lib, buf: np.ndarray, op, name: str, algorithm: str, settled, winner: str) -> None:
-        """After a call on the full path: the first call on a buffer only notes that it was seen
-        (a loop over many buffers pays no more than that); a later one keeps the call."""
-        key = id(buf)
+        """After a call on the full path: the first call on a buffer with an algorithm only notes
+        that it was seen (a loop over many buffers pays no more than that); a later one keeps the call."""
+        key = (id(buf), algorithm)
         if key in lib.repeats:
             lib.repeats[key] = Repeat(lib, buf, op, name, algorithm, settled, winner)
             return
@@ -178,7 +180,7 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
     """
     if check is None and stall_timeout is None and _world and (comm is None or comm is _COMM_WORLD):
         lib = _world[0]
-        again = lib.repeats.get(id(buf))
+        again = lib.repeats.get((id(buf), algorithm))
         if (again is not None and again.ref() is buf and op is again.op and algorithm is again.algorithm
                 and buf.shape == again.shape and buf.dtype is again.dtype and buf.flags.carray):
             settled = again.settled

@@ -47,9 +47,9 @@ class LibraryComm(MPI.Intracomm):
         #: ``auto``'s choice by message size where it cannot change (online tuning off, or a
         #: communicator across nodes): the first thing ``allreduce`` reads for ``auto``.
         self.fixed_choices: Dict[int, str] = {}
-        #: ``id(buf)`` -> how ``allreduce`` reduced that buffer last time, for the same call again
-        #: (``collective.Repeat``).
-        self.repeats: Dict[int, object] = {}
+        #: ``(id(buf), algorithm)`` -> how ``allreduce`` reduced that buffer with that algorithm
+        #: last time, for the same call again (``collective.Repeat``).
+        self.repeats: Dict[tuple, object] = {}
         self._scratch: Dict[int, np.ndarray] = {}
         self._views: Dict[tuple, np.ndarray] = {}
         self.watch = INSPECTOR.watch(self)

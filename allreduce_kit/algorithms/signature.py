@@ -64,7 +64,7 @@ def low_bits() -> int:
 
 def tag(buf: np.ndarray, algorithm: int) -> int:
     """The tag of ``buf``'s messages for ``algorithm`` (its module's ``TAG``: distinct mod 8)."""
-    key = (buf.size, buf.dtype.num, algorithm)
+    key = (buf.size, buf.dtype, algorithm)  # the dtype itself: cheaper to reach and hash than its number
     found = _TAGS.get(key)
     if found is None:  # a new length, dtype or algorithm: computed once (a loop's calls repeat them)
         if len(_TAGS) >= 4096:

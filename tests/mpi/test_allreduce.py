@@ -330,7 +330,16 @@ def test_repeated_calls_on_one_buffer_follow_every_change_to_it(algorithm):
         np.testing.assert_allclose(buf, expected, rtol=1e-12, atol=1e-12)
         assert_same_everywhere(world, buf)
     if size > 1:
-        assert id(buf) in library_comm(world).repeats  # remembered for the next call
+        assert (id(buf), algorithm) in library_comm(world).repeats  # remembered for the next call
+        turn = "tree" if algorithm == "naive" else "naive"
+        for k in range(3):  # two algorithms taking turns on one buffer: each kept, each still right
+            for name in (algorithm, turn):
+                buf[:] = local_values(buf.size, "float64", rank + k)
+                expected = oracle(world, buf, "sum")
+                allreduce(buf, algorithm=name)
+                np.testing.assert_allclose(buf, expected, rtol=1e-12, atol=1e-12)
+        kept = library_comm(world).repeats
+        assert kept.get((id(buf), turn)) is not None and (algorithm == "auto" or kept.get((id(buf), algorithm)) is not None)
         other = np.ones(10)
         for _ in range(2):  # a call with check or stall_timeout always takes the full path: nothing kept
             allreduce(other, algorithm=algorithm, check=False)
