@@ -49,7 +49,8 @@ one that is first (``fold.py``), as MPICH does. On one node ``ring``, ``rabensei
 rank has a core (``pieces.py``); across nodes ``ring`` streams its pieces, several in flight
 (``pipelined.py``, which ``hierarchical`` uses between nodes too);
 ``recursive_doubling`` runs a small buffer's exchange loop in compiled code, calling MPI's C
-``MPI_Sendrecv`` (``native.py``); ``shared_memory`` runs without a window on communicators
+``MPI_Sendrecv`` (``native.py``), and ``naive`` and ``tree`` their lists of sends and receives
+(``steps.py``); ``shared_memory`` runs without a window on communicators
 that span nodes, as ``recursive_doubling`` or ``rabenseifner``. ``algorithm="auto"`` picks one
 of these by message size and rank count (``allreduce_kit/selection.py``).
 """

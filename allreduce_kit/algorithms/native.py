@@ -1,12 +1,15 @@
-"""Recursive doubling's exchange loop in compiled code: numba calling MPI's C ``MPI_Sendrecv``.
+"""Short buffers' message loops in compiled code: numba calling MPI's C ``MPI_Sendrecv``,
+``MPI_Send`` and ``MPI_Recv``.
 
-For a message of a few bytes, the MPI transfer is the smaller part of an exchange driven from
+For a message of a few bytes, the MPI transfer is the smaller part of a step driven from
 Python: mpi4py reads each buffer's description and builds requests on every call, and then
-the combine is a second call into compiled code. Here one compiled function (``exchange``)
-runs the whole loop: for every partner it calls ``MPI_Sendrecv`` through the C function pointer
-that the MPI library mpi4py loaded exports, and folds the partner's copy in with the same
-kernel as everywhere else (``kernels/reduce.py``). At p = 2 and 8 B that is about 2.2 us for
-exchange and combine, against 2.5 us for mpi4py's ``Sendrecv`` alone.
+the combine is a second call into compiled code. Here one compiled function runs a whole
+loop: ``exchange`` (recursive doubling) calls, for every partner, ``MPI_Sendrecv`` through the
+C function pointer that the MPI library mpi4py loaded exports, and folds the partner's copy in
+with the same kernel as everywhere else (``kernels/reduce.py``); ``run_steps`` does the same
+for a list of sends and receives (``steps.py``: naive's star, tree's binomial tree). At p = 2
+and 8 B an exchange and its combine take about 2.2 us, against 2.5 us for mpi4py's
+``Sendrecv`` alone.
 
 Portable across MPI libraries: the function pointer comes from the library mpi4py is linked
 to, and the handles are passed with the width that library gives them (``int`` in MPICH and
@@ -14,11 +17,12 @@ its derivatives, a pointer in Open MPI and the MPI ABI), which is part of the co
 function's signature, so a cache compiled against one library is never used with another. The
 received tag (``signature.py``) is read from the status buffer at the offset this library
 gives ``MPI_TAG``, found at import by setting a tag on an ``MPI.Status`` and looking for it. If
-the symbol or the offset cannot be found, ``exchange_for`` returns ``None`` and the caller takes
-its Python path (mpi4py's ``Sendrecv``), which gives bitwise the same result (tested).
+a symbol or the offset cannot be found, ``exchange_for`` and ``steps_for`` return ``None`` and
+the caller takes its Python path (mpi4py's ``Sendrecv``, ``Send`` and ``Recv``), which gives
+bitwise the same result (tested).
 """
 import ctypes
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 from llvmlite import ir
@@ -63,6 +67,45 @@ def _sendrecv(typingctx, fn, sendbuf, recvbuf, count, datatype, peer, sendtag, r
     return sig, codegen
 
 
+@intrinsic
+def _send(typingctx, fn, buf, count, datatype, peer, tag, comm):
+    """``MPI_Send(buf, count, datatype, peer, tag, comm)`` through the function at ``fn`` (as in ``_sendrecv``)."""
+    sig = types.int32(fn, buf, count, datatype, peer, tag, comm)
+
+    def codegen(context, builder, signature, args):
+        fn_, buf_, count_, datatype_, peer_, tag_, comm_ = args
+        i32, ptr = ir.IntType(32), ir.IntType(8).as_pointer()
+        argtypes = signature.args
+        handle, comm_type = context.get_value_type(argtypes[3]), context.get_value_type(argtypes[6])
+        fnty = ir.FunctionType(i32, [ptr, i32, handle, i32, i32, comm_type])
+        target = builder.inttoptr(fn_, fnty.as_pointer())
+        n, peer32, tag32 = (context.cast(builder, v, t, types.int32)
+                            for v, t in ((count_, argtypes[2]), (peer_, argtypes[4]), (tag_, argtypes[5])))
+        return builder.call(target, [builder.inttoptr(buf_, ptr), n, datatype_, peer32, tag32, comm_])
+
+    return sig, codegen
+
+
+@intrinsic
+def _recv(typingctx, fn, buf, count, datatype, peer, tag, comm, status):
+    """``MPI_Recv(buf, count, datatype, peer, tag, comm, status)`` through the function at ``fn``."""
+    sig = types.int32(fn, buf, count, datatype, peer, tag, comm, status)
+
+    def codegen(context, builder, signature, args):
+        fn_, buf_, count_, datatype_, peer_, tag_, comm_, status_ = args
+        i32, ptr = ir.IntType(32), ir.IntType(8).as_pointer()
+        argtypes = signature.args
+        handle, comm_type = context.get_value_type(argtypes[3]), context.get_value_type(argtypes[6])
+        fnty = ir.FunctionType(i32, [ptr, i32, handle, i32, i32, comm_type, ptr])
+        target = builder.inttoptr(fn_, fnty.as_pointer())
+        n, peer32, tag32 = (context.cast(builder, v, t, types.int32)
+                            for v, t in ((count_, argtypes[2]), (peer_, argtypes[4]), (tag_, argtypes[5])))
+        return builder.call(target, [builder.inttoptr(buf_, ptr), n, datatype_, peer32, tag32, comm_,
+                                     builder.inttoptr(status_, ptr)])
+
+    return sig, codegen
+
+
 @njit(cache=True, nogil=True)
 def exchange(buf, state, handles, code, divisor):
     """For each partner in turn: swap ``buf`` with it, then ``buf = buf op partner's`` (``op`` is
@@ -96,11 +139,55 @@ def exchange(buf, state, handles, code, divisor):
     return n
 
 
-def _address_of_sendrecv() -> Optional[int]:
-    """The address of ``MPI_Sendrecv`` in the MPI library mpi4py is linked to, or ``None``."""
+#: ``run_steps``'s step kinds (``steps.py``): send ``buf``; receive into ``buf``; receive and
+#: fold in; receive, fold in and finish (a mean divides).
+SEND, RECV, COMBINE, LAST = 0, 1, 2, 3
+
+
+@njit(cache=True, nogil=True)
+def run_steps(buf, state, handles, code, divisor):
+    """The steps of a whole-buffer schedule in turn (``steps.py``), each message carrying the
+    call's tag (computed here, as in ``exchange``) and each received one expected to carry it.
+
+    ``state``: the ``MPI_Send`` and ``MPI_Recv`` addresses, ``MPI_ANY_TAG``, the index of
+    ``MPI_TAG`` in an ``MPI_Status`` viewed as int32, room for an MPI error code, the
+    algorithm's ``TAG``, ``signature.LOW_BITS``, the number of steps n, n (kind, peer) pairs,
+    then room for an ``MPI_Status`` (``Steps``); ``handles`` as in ``exchange``. Returns the
+    number of steps done: n; or k < n if step k failed (its MPI error code, nonzero, in
+    ``state[4]``) or received another tag, before folding anything in: the caller takes over.
+    """
+    n = state[7]
+    incoming = np.empty_like(buf)
+    send_fn, recv_fn, any_tag, where = state[0], state[1], state[2], state[3]
+    tag = tag_bits(buf, state[5], state[6])
+    status = state[8 + 2 * n:]
+    received = status.view(np.int32)
+    count, datatype, comm = buf.size * buf.itemsize, handles[1], handles[0]
+    for k in range(n):
+        kind, peer = state[8 + 2 * k], state[9 + 2 * k]
+        if kind == SEND:
+            err = _send(send_fn, buf.ctypes.data, count, datatype, peer, tag, comm)
+            if err != 0:
+                state[4] = err
+                return k
+            continue
+        into = buf if kind == RECV else incoming
+        err = _recv(recv_fn, into.ctypes.data, count, datatype, peer, any_tag, comm, status.ctypes.data)
+        if err != 0 or received[where] != tag:
+            state[4] = err
+            return k
+        if kind != RECV:
+            _loops.combine(buf, incoming, code)
+            if kind == LAST and divisor != 0:
+                _loops.divide(buf, divisor)
+    return n
+
+
+def _address_of(name: str) -> Optional[int]:
+    """The address of the C function ``name`` in the MPI library mpi4py is linked to, or ``None``."""
     try:
         # dlsym on mpi4py's extension searches it and the libraries it was loaded with.
-        found = ctypes.CDLL(MPI.__file__).MPI_Sendrecv
+        found = getattr(ctypes.CDLL(MPI.__file__), name)
     except (OSError, AttributeError):
         return None
     return ctypes.cast(found, ctypes.c_void_p).value
@@ -116,14 +203,15 @@ def _tag_index() -> int:
     return int(found[0]) if found.size == 1 else -1
 
 
-_SENDRECV = _address_of_sendrecv()
+_SENDRECV, _SEND, _RECV = (_address_of(name) for name in ("MPI_Sendrecv", "MPI_Send", "MPI_Recv"))
 _TAG_INDEX = _tag_index()
 _HANDLE_BYTES = MPI._sizeof(MPI.Comm)
 _HANDLE_DTYPE = {4: np.int32, 8: np.int64}.get(_HANDLE_BYTES) if MPI._sizeof(MPI.Datatype) == _HANDLE_BYTES else None
 #: The compiled path can be used with this MPI library. Not with Open MPI, which can write a
 #: message larger than the receive buffer past its end (``signature.PROBE_FIRST``): there a
 #: buffer whose length differs between ranks must be probed before it is received.
-AVAILABLE = not PROBE_FIRST and (_SENDRECV is not None and _HANDLE_DTYPE is not None and _TAG_INDEX >= 0)
+AVAILABLE = not PROBE_FIRST and (None not in (_SENDRECV, _SEND, _RECV) and _HANDLE_DTYPE is not None
+                                  and _TAG_INDEX >= 0)
 
 
 class Exchange:
@@ -137,10 +225,7 @@ class Exchange:
         status_words = MPI._sizeof(MPI.Status) // 8 + 1
         self.state = np.array([_SENDRECV, MPI.ANY_TAG, _TAG_INDEX, 0, algorithm, low_bits(), len(partners), *partners]
                               + [0] * status_words, np.int64)
-        # ``_handleof`` gives a handle's bits as an unsigned integer; the C type may be signed.
-        signed = ctypes.c_int32 if _HANDLE_BYTES == 4 else ctypes.c_int64
-        handles = [comm, MPI.BYTE]
-        self.handles = np.array([signed(MPI._handleof(h)).value for h in handles], _HANDLE_DTYPE)
+        self.handles = _handles(comm)
 
     def error(self) -> int:
         """The MPI error code of the exchange ``exchange`` stopped at (0 if it only saw a tag)."""
@@ -155,3 +240,34 @@ def exchange_for(comm, partners: Sequence[int], algorithm: int) -> Optional[Exch
     """An ``Exchange`` over ``partners`` for ``algorithm`` (its ``TAG``), or ``None`` if this
     MPI library's ``MPI_Sendrecv`` cannot be called from compiled code."""
     return Exchange(comm, partners, algorithm) if AVAILABLE else None
+
+
+class Steps:
+    """``run_steps``'s ``state`` and ``handles`` for one communicator, algorithm ``TAG`` and
+    list of ``(kind, peer)`` steps; call ``run_steps(buf, s.state, s.handles, op.code, op.divisor)``."""
+
+    __slots__ = ("state", "handles")
+
+    def __init__(self, comm: MPI.Intracomm, steps: Sequence[Tuple[int, int]], algorithm: int):
+        status_words = MPI._sizeof(MPI.Status) // 8 + 1
+        pairs = [field for step in steps for field in step]
+        self.state = np.array([_SEND, _RECV, MPI.ANY_TAG, _TAG_INDEX, 0, algorithm, low_bits(), len(steps), *pairs]
+                              + [0] * status_words, np.int64)
+        self.handles = _handles(comm)
+
+    def error(self) -> int:
+        """The MPI error code of the step ``run_steps`` stopped at (0 if it only saw a tag)."""
+        return int(self.state[4])
+
+
+def steps_for(comm, steps: Sequence[Tuple[int, int]], algorithm: int) -> Optional[Steps]:
+    """``Steps`` for ``steps`` of ``algorithm`` (its ``TAG``), or ``None`` if this MPI library's
+    ``MPI_Send`` and ``MPI_Recv`` cannot be called from compiled code."""
+    return Steps(comm, steps, algorithm) if AVAILABLE else None
+
+
+def _handles(comm: MPI.Intracomm) -> np.ndarray:
+    """``comm`` and ``MPI_BYTE`` as this MPI library's C handles (``exchange``'s ``handles``)."""
+    # ``_handleof`` gives a handle's bits as an unsigned integer; the C type may be signed.
+    signed = ctypes.c_int32 if _HANDLE_BYTES == 4 else ctypes.c_int64
+    return np.array([signed(MPI._handleof(h)).value for h in (comm, MPI.BYTE)], _HANDLE_DTYPE)

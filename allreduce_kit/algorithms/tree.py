@@ -2,51 +2,55 @@
 
 Both phases walk the rank bits with ``mask <<= 1``, as in mpi4py's ``demo/reductions``, and
 take ceil(lg p) steps each, for any p. Latency-optimal; every step moves the whole buffer.
+Each rank's part is a list of steps (``steps.py``), run in compiled code for a short buffer.
 """
-from . import register
-from .signature import BAD, mismatch, recv, send, tag as signature
+from typing import List, Tuple
+
+from . import register, steps
+from .steps import COMBINE, LAST, RECV, SEND
 
 TAG = 102
 
 
-def reduce_to_root(comm, buf, op, tag: int) -> int:
-    """Binomial reduce: afterwards rank 0's ``buf`` holds the full reduction. ``tag``: the
-    call's (``signature.py``), returned with ``BAD`` if a received message showed a mismatch."""
-    p, rank = comm.nranks, comm.myrank
-    incoming = None
+class Binomial(steps.Schedule):
+    """This rank's steps of the binomial tree on a communicator."""
+
+    __slots__ = ()
+
+
+def reduce_to_root(p: int, rank: int) -> List[Tuple[int, int]]:
+    """Binomial reduce: afterwards rank 0's buffer holds the full reduction."""
+    found = []
     mask = 1
     while mask < p:
         if rank & mask:
-            send(comm, buf, rank - mask, tag)
-            return tag
+            found.append((SEND, rank - mask))
+            break
         if rank + mask < p:
-            if incoming is None:
-                incoming = comm.scratch(buf.size, buf.dtype)
-            tag = recv(comm, incoming, rank + mask, tag)
-            op.combine(buf, incoming, last=(rank == 0 and 2 * mask >= p))
+            found.append((LAST if rank == 0 and 2 * mask >= p else COMBINE, rank + mask))
         mask <<= 1
-    return tag
+    return found
 
 
-def broadcast_from_root(comm, buf, tag: int) -> int:
-    """Binomial broadcast of rank 0's ``buf`` to every rank (``tag`` as in ``reduce_to_root``)."""
-    p, rank = comm.nranks, comm.myrank
+def broadcast_from_root(p: int, rank: int) -> List[Tuple[int, int]]:
+    """Binomial broadcast of rank 0's buffer to every rank."""
+    found = []
     mask = 1
     while mask < p:
         if rank & mask:
-            tag = recv(comm, buf, rank - mask, tag)
+            found.append((RECV, rank - mask))
             break
         mask <<= 1
     mask >>= 1
     while mask > 0:
         if rank + mask < p:
-            send(comm, buf, rank + mask, tag)
+            found.append((SEND, rank + mask))
         mask >>= 1
-    return tag
+    return found
 
 
 @register("tree")
 def allreduce(comm, buf, op):
-    tag = broadcast_from_root(comm, buf, reduce_to_root(comm, buf, op, signature(buf, TAG)))
-    if tag & BAD:
-        raise mismatch(comm, buf, "tree")
+    tree = comm.state.get(Binomial) or comm.attach(
+        Binomial, lambda c: Binomial(c, reduce_to_root(c.nranks, c.myrank) + broadcast_from_root(c.nranks, c.myrank), TAG))
+    steps.run(comm, buf, op, tree, TAG, "tree")

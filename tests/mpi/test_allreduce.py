@@ -163,21 +163,23 @@ def test_kernels_use_only_this_ranks_share_of_the_node(comm, monkeypatch):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("op", OPS)
-def test_compiled_exchange_loop_gives_the_bits_of_the_python_loop(comm, op, monkeypatch):
-    """Recursive doubling runs a small buffer's exchanges in compiled code, calling the C
-    ``MPI_Sendrecv`` of the MPI library mpi4py loaded; forced onto the Python loop (mpi4py's
-    ``Sendrecv``), it must give bitwise the same result, for every op and dtype."""
+@pytest.mark.parametrize("algorithm", ["recursive_doubling", "naive", "tree"])
+def test_compiled_message_loop_gives_the_bits_of_the_python_loop(comm, op, algorithm, monkeypatch):
+    """Recursive doubling, naive and tree run a small buffer's messages in compiled code,
+    calling the C ``MPI_Sendrecv``, ``MPI_Send`` and ``MPI_Recv`` of the MPI library mpi4py
+    loaded; forced onto the Python loop (mpi4py's), each must give bitwise the same result, for
+    every op and dtype."""
     from allreduce_kit.algorithms import native, signature
 
     if signature.PROBE_FIRST:
-        pytest.skip("the compiled exchange is off under Open MPI (see algorithms/native.py)")
-    assert native.AVAILABLE, "the compiled path finds MPI_Sendrecv in the MPI library mpi4py uses"
+        pytest.skip("the compiled loops are off under Open MPI (see algorithms/native.py)")
+    assert native.AVAILABLE, "the compiled path finds MPI's C functions in the MPI library mpi4py uses"
     for dtype in DTYPES:
         for n in (1, 3, comm.Get_size() + 1, 1000):
             x = local_values(n, dtype, comm.Get_rank())
-            compiled = allreduce(x.copy(), op=op, algorithm="recursive_doubling", comm=comm)
+            compiled = allreduce(x.copy(), op=op, algorithm=algorithm, comm=comm)
             monkeypatch.setattr(native, "MAX_BYTES", 0)  # every buffer takes the Python loop
-            plain = allreduce(x.copy(), op=op, algorithm="recursive_doubling", comm=comm)
+            plain = allreduce(x.copy(), op=op, algorithm=algorithm, comm=comm)
             monkeypatch.undo()
             assert np.array_equal(compiled, plain), f"{dtype} n={n}"
             assert_same_everywhere(comm, compiled)
