@@ -38,72 +38,45 @@ from .signature import PROBE_FIRST, low_bits, tag_bits
 MAX_BYTES = 64 << 10
 
 
+def _call(context, builder, signature, args, params):
+    """Code for calling the C function at address ``args[0]``: its parameters are the intrinsic's
+    arguments ``params`` names, in order, each as ``(index, kind)``: ``"p"`` an address (an
+    integer) passed as a pointer, ``"i"`` an integer passed as ``int``, ``"h"`` a handle passed
+    with the width of its numba type (the MPI library's handle width). Returns the ``int`` it returns."""
+    i32, ptr = ir.IntType(32), ir.IntType(8).as_pointer()
+    types_ = {"p": lambda i: ptr, "i": lambda i: i32, "h": lambda i: context.get_value_type(signature.args[i])}
+    values = {"p": lambda i: builder.inttoptr(args[i], ptr),
+              "i": lambda i: context.cast(builder, args[i], signature.args[i], types.int32),
+              "h": lambda i: args[i]}
+    fnty = ir.FunctionType(i32, [types_[kind](i) for i, kind in params])
+    return builder.call(builder.inttoptr(args[0], fnty.as_pointer()), [values[kind](i) for i, kind in params])
+
+
 @intrinsic
 def _sendrecv(typingctx, fn, sendbuf, recvbuf, count, datatype, peer, sendtag, recvtag, comm, status):
     """``MPI_Sendrecv(sendbuf, count, datatype, peer, sendtag, recvbuf, count, datatype, peer,
     recvtag, comm, status)`` through the function at address ``fn``; addresses are integers, and
     the handles have the width of their numba type (the MPI library's handle width)."""
-    sig = types.int32(fn, sendbuf, recvbuf, count, datatype, peer, sendtag, recvtag, comm, status)
-
-    def codegen(context, builder, signature, args):
-        fn_, send, recv, count_, datatype_, peer_, sendtag_, recvtag_, comm_, status_ = args
-        i32, ptr = ir.IntType(32), ir.IntType(8).as_pointer()
-        argtypes = signature.args
-
-        def int32(value, ty):
-            return context.cast(builder, value, ty, types.int32)
-
-        def pointer(value):
-            return builder.inttoptr(value, ptr)
-
-        handle, comm_type = context.get_value_type(argtypes[4]), context.get_value_type(argtypes[8])
-        fnty = ir.FunctionType(i32, [ptr, i32, handle, i32, i32, ptr, i32, handle, i32, i32, comm_type, ptr])
-        target = builder.inttoptr(fn_, fnty.as_pointer())
-        n, peer32 = int32(count_, argtypes[3]), int32(peer_, argtypes[5])
-        sendtag32, recvtag32 = int32(sendtag_, argtypes[6]), int32(recvtag_, argtypes[7])
-        return builder.call(target, [pointer(send), n, datatype_, peer32, sendtag32,
-                                     pointer(recv), n, datatype_, peer32, recvtag32, comm_, pointer(status_)])
-
-    return sig, codegen
+    params = ((1, "p"), (3, "i"), (4, "h"), (5, "i"), (6, "i"), (2, "p"), (3, "i"), (4, "h"), (5, "i"), (7, "i"),
+              (8, "h"), (9, "p"))
+    return (types.int32(fn, sendbuf, recvbuf, count, datatype, peer, sendtag, recvtag, comm, status),
+            lambda context, builder, signature, args: _call(context, builder, signature, args, params))
 
 
 @intrinsic
 def _send(typingctx, fn, buf, count, datatype, peer, tag, comm):
     """``MPI_Send(buf, count, datatype, peer, tag, comm)`` through the function at ``fn`` (as in ``_sendrecv``)."""
-    sig = types.int32(fn, buf, count, datatype, peer, tag, comm)
-
-    def codegen(context, builder, signature, args):
-        fn_, buf_, count_, datatype_, peer_, tag_, comm_ = args
-        i32, ptr = ir.IntType(32), ir.IntType(8).as_pointer()
-        argtypes = signature.args
-        handle, comm_type = context.get_value_type(argtypes[3]), context.get_value_type(argtypes[6])
-        fnty = ir.FunctionType(i32, [ptr, i32, handle, i32, i32, comm_type])
-        target = builder.inttoptr(fn_, fnty.as_pointer())
-        n, peer32, tag32 = (context.cast(builder, v, t, types.int32)
-                            for v, t in ((count_, argtypes[2]), (peer_, argtypes[4]), (tag_, argtypes[5])))
-        return builder.call(target, [builder.inttoptr(buf_, ptr), n, datatype_, peer32, tag32, comm_])
-
-    return sig, codegen
+    params = ((1, "p"), (2, "i"), (3, "h"), (4, "i"), (5, "i"), (6, "h"))
+    return (types.int32(fn, buf, count, datatype, peer, tag, comm),
+            lambda context, builder, signature, args: _call(context, builder, signature, args, params))
 
 
 @intrinsic
 def _recv(typingctx, fn, buf, count, datatype, peer, tag, comm, status):
-    """``MPI_Recv(buf, count, datatype, peer, tag, comm, status)`` through the function at ``fn``."""
-    sig = types.int32(fn, buf, count, datatype, peer, tag, comm, status)
-
-    def codegen(context, builder, signature, args):
-        fn_, buf_, count_, datatype_, peer_, tag_, comm_, status_ = args
-        i32, ptr = ir.IntType(32), ir.IntType(8).as_pointer()
-        argtypes = signature.args
-        handle, comm_type = context.get_value_type(argtypes[3]), context.get_value_type(argtypes[6])
-        fnty = ir.FunctionType(i32, [ptr, i32, handle, i32, i32, comm_type, ptr])
-        target = builder.inttoptr(fn_, fnty.as_pointer())
-        n, peer32, tag32 = (context.cast(builder, v, t, types.int32)
-                            for v, t in ((count_, argtypes[2]), (peer_, argtypes[4]), (tag_, argtypes[5])))
-        return builder.call(target, [builder.inttoptr(buf_, ptr), n, datatype_, peer32, tag32, comm_,
-                                     builder.inttoptr(status_, ptr)])
-
-    return sig, codegen
+    """``MPI_Recv(buf, count, datatype, peer, tag, comm, status)`` through the function at ``fn`` (as in ``_sendrecv``)."""
+    params = ((1, "p"), (2, "i"), (3, "h"), (4, "i"), (5, "i"), (6, "h"), (7, "p"))
+    return (types.int32(fn, buf, count, datatype, peer, tag, comm, status),
+            lambda context, builder, signature, args: _call(context, builder, signature, args, params))
 
 
 @njit(cache=True, nogil=True)
@@ -205,6 +178,7 @@ def _tag_index() -> int:
 
 _SENDRECV, _SEND, _RECV = (_address_of(name) for name in ("MPI_Sendrecv", "MPI_Send", "MPI_Recv"))
 _TAG_INDEX = _tag_index()
+_STATUS_WORDS = MPI._sizeof(MPI.Status) // 8 + 1  # int64 words of a state's room for an MPI_Status
 _HANDLE_BYTES = MPI._sizeof(MPI.Comm)
 _HANDLE_DTYPE = {4: np.int32, 8: np.int64}.get(_HANDLE_BYTES) if MPI._sizeof(MPI.Datatype) == _HANDLE_BYTES else None
 #: The compiled path can be used with this MPI library. Not with Open MPI, which can write a
@@ -222,9 +196,8 @@ class Exchange:
     __slots__ = ("state", "handles")
 
     def __init__(self, comm: MPI.Intracomm, partners: Sequence[int], algorithm: int):
-        status_words = MPI._sizeof(MPI.Status) // 8 + 1
         self.state = np.array([_SENDRECV, MPI.ANY_TAG, _TAG_INDEX, 0, algorithm, low_bits(), len(partners), *partners]
-                              + [0] * status_words, np.int64)
+                              + [0] * _STATUS_WORDS, np.int64)
         self.handles = _handles(comm)
 
     def error(self) -> int:
@@ -249,10 +222,9 @@ class Steps:
     __slots__ = ("state", "handles")
 
     def __init__(self, comm: MPI.Intracomm, steps: Sequence[Tuple[int, int]], algorithm: int):
-        status_words = MPI._sizeof(MPI.Status) // 8 + 1
         pairs = [field for step in steps for field in step]
         self.state = np.array([_SEND, _RECV, MPI.ANY_TAG, _TAG_INDEX, 0, algorithm, low_bits(), len(steps), *pairs]
-                              + [0] * status_words, np.int64)
+                              + [0] * _STATUS_WORDS, np.int64)
         self.handles = _handles(comm)
 
     def error(self) -> int:

@@ -50,13 +50,15 @@ def run(comm, buf, op, schedule: Schedule, algorithm: int, name: str) -> None:
         done += 1
     else:
         tag = signature(buf, algorithm)
+    incoming = None
     for kind, peer in steps[done:]:
         if kind == SEND:
             send(comm, buf, peer, tag)
         elif kind == RECV:
             tag = recv(comm, buf, peer, tag)
         else:
-            incoming = comm.scratch(buf.size, buf.dtype)
+            if incoming is None:
+                incoming = comm.scratch(buf.size, buf.dtype)
             tag = recv(comm, incoming, peer, tag)
             op.combine(buf, incoming, last=kind == LAST)
     if tag & BAD:
