@@ -131,7 +131,7 @@ class Repeat:
     the full path, which then keeps the new call."""
 
     __slots__ = ("ref", "shape", "dtype", "op", "reduction", "algorithm", "settled", "winner", "fn", "kernel",
-                 "slots", "state")
+                 "address", "code", "divisor")
 
     #: Calls (buffer and algorithm) remembered per communicator; all are forgotten when one more comes.
     SIZE = 16
@@ -143,8 +143,8 @@ class Repeat:
         self.settled, self.winner = settled, winner
         self.fn = ALGORITHMS[winner]
         bound = shared_memory.binding(lib, buf.dtype, self.reduction) if winner == "shared_memory" else None
-        self.kernel = None if bound is None else shared_memory._allreduce
-        self.slots, self.state = bound or (None, None)
+        # set where the call goes straight into a compiled kernel: ``kernel(buf, address, code, divisor)``
+        self.kernel, self.address, self.code, self.divisor = bound or (None, 0, 0, 0)
 
     @staticmethod
     def keep(lib, buf: np.ndarray, op, name: str, algorithm: str, settled, winner: str) -> None:
@@ -152,11 +152,20 @@ class Repeat:
         that it was seen (a loop over many buffers pays no more than that); a later one keeps the call."""
         key = (id(buf), algorithm)
         if key in lib.repeats:
-            lib.repeats[key] = Repeat(lib, buf, op, name, algorithm, settled, winner)
+            lib.repeats[key] = lib.last_repeat = Repeat(lib, buf, op, name, algorithm, settled, winner)
             return
         if len(lib.repeats) >= Repeat.SIZE:
             lib.repeats.clear()
         lib.repeats[key] = None
+
+    @staticmethod
+    def find(lib, buf: np.ndarray, algorithm: str) -> Optional["Repeat"]:
+        """The call kept for ``buf`` and ``algorithm`` (then also ``lib.last_repeat``), or ``None``."""
+        again = lib.repeats.get((id(buf), algorithm))
+        if again is None or again.ref() is not buf or again.algorithm is not algorithm:
+            return None
+        lib.last_repeat = again
+        return again
 
 
 def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
@@ -180,9 +189,11 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
     """
     if check is None and stall_timeout is None and _world and (comm is None or comm is _COMM_WORLD):
         lib = _world[0]
-        again = lib.repeats.get((id(buf), algorithm))
-        if (again is not None and again.ref() is buf and op is again.op and algorithm is again.algorithm
-                and buf.shape == again.shape and buf.dtype is again.dtype and buf.flags.carray):
+        again = lib.last_repeat
+        if again is None or again.ref() is not buf or again.algorithm is not algorithm:
+            again = Repeat.find(lib, buf, algorithm)
+        if (again is not None and op is again.op and buf.shape == again.shape and buf.dtype is again.dtype
+                and buf.flags.carray):
             settled = again.settled
             if settled is None or (settled.quiet and settled.winner is again.winner):
                 if settled is not None:
@@ -191,10 +202,10 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
                 watch.calls += 1
                 INSPECTOR.current = (watch, None, algorithm, buf)
                 try:
-                    reduction = again.reduction
-                    if again.kernel is None:  # set only where the reduction has a compiled kernel
-                        again.fn(lib, buf, reduction)
-                    elif again.kernel(buf, again.slots, again.state, reduction.code, reduction.divisor) != 0:
+                    kernel = again.kernel
+                    if kernel is None:  # set only where the reduction has a compiled kernel
+                        again.fn(lib, buf, again.reduction)
+                    elif kernel(buf, again.address, again.code, again.divisor) != 0:
                         raise mismatch(lib, buf, "shared_memory")
                 finally:
                     INSPECTOR.current = None

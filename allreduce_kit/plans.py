@@ -10,12 +10,12 @@ what its algorithm can reuse: for ``shared_memory`` (``auto``'s choice on one no
 the window's slots as the buffer's dtype, its flags and the compiled loop, so that every later
 call goes straight into that loop; other algorithms are called with everything they take
 already looked up. A call checks only what can change behind a plan's back, which costs a few
-attribute reads: the buffer is still alive and has its shape and dtype, the communicator and
-the plan have not been freed.
+attribute reads: the buffer is still alive, writable and has its shape and dtype, the
+communicator and the plan have not been freed.
 
 A plan holds only a weak reference to its buffer: it does not keep the buffer alive, and
 calling it after the buffer is gone raises ``ValueError``, as does calling it after the buffer
-was resized or retyped in place. Every call is watched by the stall inspector, like
+was resized, retyped or made read-only in place. Every call is watched by the stall inspector, like
 ``allreduce`` (``stall_timeout``). Calls of a plan are collective, like ``allreduce``: every rank
 of the communicator calls its own plan, made with the same length, dtype, op and algorithm.
 """
@@ -55,8 +55,8 @@ class Plan:
     elements ``[start, stop)`` of ``buf``'s flat view (a bucket of a gradient buffer)."""
 
     __slots__ = ("op", "algorithm", "requested", "comm", "_ref", "_shape", "_dtype", "_plain", "_span", "_lib", "_alive",
-                 "_watch", "_timeout", "_reduction", "_fn", "_kernel", "_slots", "_state", "_code", "_divisor",
-                 "_idle", "_bound", "_started", "_freed", "__weakref__")
+                 "_watch", "_timeout", "_reduction", "_fn", "_kernel", "_address", "_code", "_divisor", "_idle", "_bound",
+                 "_started", "_freed", "__weakref__")
 
     def __init__(self, buf: np.ndarray, *, op="sum", algorithm: str = "auto",
                  comm: Optional[MPI.Intracomm] = None, check: Optional[bool] = None,
@@ -85,8 +85,8 @@ class Plan:
         self._lib, self._watch, self._timeout = lib, lib.watch, stall_timeout
         self._alive = lib.attach(_Alive, _Alive)
         self._reduction = lib.reductions[name]
-        self._fn = self._kernel = self._slots = self._state = None
-        self._code = self._divisor = 0
+        self._fn = self._kernel = None
+        self._address = self._code = self._divisor = 0
         self._bound = self._started = self._freed = False
         self._idle = lib.nranks == 1 or array.size == 0
         checked = check or (check is None and lib.check_default)
@@ -117,9 +117,7 @@ class Plan:
             lib.attach(shared_memory.Window, shared_memory.window_for)  # collective the first time, as in the call
             bound = shared_memory.binding(lib, array.dtype, reduction)
             if bound is not None:
-                self._slots, self._state = bound
-                self._code, self._divisor = reduction.code, reduction.divisor
-                self._kernel = shared_memory._allreduce
+                self._kernel, self._address, self._code, self._divisor = bound
 
     def __call__(self, buf: Optional[np.ndarray] = None, *, comm: Optional[MPI.Intracomm] = None) -> np.ndarray:
         """Reduce the plan's buffer in place and return it (collective). ``buf`` and ``comm``, if
@@ -127,8 +125,8 @@ class Plan:
         if buf is not None or comm is not None:
             self._same(buf, comm)
         source = self._ref()
-        if source is None or source.shape != self._shape or source.dtype is not self._dtype or self._alive.freed \
-                or self._freed:
+        if source is None or source.shape != self._shape or source.dtype is not self._dtype \
+                or not source.flags.writeable or self._alive.freed or self._freed:
             self._refuse(source)
         if self._idle:
             return source
@@ -142,7 +140,7 @@ class Plan:
             kernel = self._kernel
             if kernel is None:
                 self._fn(self._lib, array, self._reduction)
-            elif kernel(array, self._slots, self._state, self._code, self._divisor) != 0:
+            elif kernel(array, self._address, self._code, self._divisor) != 0:
                 raise mismatch(self._lib, array, "shared_memory")
         finally:
             INSPECTOR.current = None
@@ -174,7 +172,7 @@ class Plan:
     def free(self) -> None:
         """Release what the plan holds; calling it afterwards raises ``ValueError``."""
         self._freed = True
-        self._kernel = self._slots = self._state = None
+        self._kernel = None
 
     def _same(self, buf, comm) -> None:
         if buf is not None and buf is not self._ref():
@@ -192,6 +190,8 @@ class Plan:
         if source is None:
             raise ValueError("plan: the buffer this plan was made for no longer exists (a plan holds only a "
                              "weak reference to it); make a plan for the buffer you reduce")
+        if not source.flags.writeable:
+            raise ValueError("plan: buf is read-only now, but the result is written into it in place")
         raise ValueError(f"plan: buf's shape or dtype changed since the plan was made (it was "
                          f"{self._shape} {self._dtype}, it is {source.shape} {source.dtype}); make a new plan")
 

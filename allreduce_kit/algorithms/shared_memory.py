@@ -31,11 +31,11 @@ from typing import Dict, Optional
 
 import numpy as np
 from mpi4py import MPI
-from numba import njit
+from numba import carray, from_dtype, njit, types
 
 from . import ALGORITHMS, register
 from .signature import mismatch, word
-from .spin import NodeWindow, load_acquire, node_of, raise_flag, store_release, wait_on
+from .spin import NodeWindow, load_acquire, node_of, pointer_to, raise_flag, store_release, wait_on
 from ..kernels import reduce as _loops
 
 #: Bytes in one rank's slot, per set; larger buffers go in rounds of this size. Read when a
@@ -121,6 +121,22 @@ def _allreduce(buf, slots, state, code, divisor):
     return 0
 
 
+#: Words in a window's ``state``: ``_allreduce``'s seven, then the slot area's address.
+_STATE_WORDS = 8
+
+
+@njit(cache=True, nogil=True)
+def _allreduce_at(buf, state_address, code, divisor):
+    """``_allreduce`` with the window given by the address of its ``state`` (``binding``)."""
+    state = carray(pointer_to(state_address, state_address), _STATE_WORDS)
+    slots = carray(pointer_to(state[7], buf), 2 * state[1] * state[6] // buf.itemsize)
+    return _allreduce(buf, slots, state, code, divisor)
+
+
+#: ``_allreduce_at``'s compiled entry point per dtype (``binding``).
+_ENTRIES: Dict[np.dtype, object] = {}
+
+
 class Window(NodeWindow):
     """One communicator's shared window: two flags per rank, two sets of slots, and
     ``_allreduce``'s state."""
@@ -133,7 +149,8 @@ class Window(NodeWindow):
         flags[2 * rank * _LINE // 8:(2 * rank + 2) * _LINE // 8] = 0  # flags, words, sleeper counts
         self._area = self.memory[flag_bytes:]
         self._views: Dict[np.dtype, np.ndarray] = {}
-        self.state = np.array([rank, size, flags.ctypes.data, self.wait, 0, SCATTER_FROM, SLOT_BYTES], np.int64)
+        self.state = np.array([rank, size, flags.ctypes.data, self.wait, 0, SCATTER_FROM, SLOT_BYTES,
+                               self._area.ctypes.data], np.int64)
         node.Barrier()  # every flag is 0 before any rank raises one
 
     def slots(self, dtype: np.dtype) -> np.ndarray:
@@ -152,14 +169,26 @@ def window_for(comm) -> Optional[Window]:
 
 
 def binding(comm, dtype: np.dtype, op) -> Optional[tuple]:
-    """What a call of ``op`` on ``dtype`` passes to ``_allreduce`` besides the buffer and the op:
-    ``(slots, state)`` of ``comm``'s window, or ``None`` if there is no window (not made yet, or
-    not usable here) or ``op`` has no numba kernel, where a call takes ``fallback``'s algorithm.
-    For callers that repeat one call many times (``plans``, ``allreduce``'s repeated calls)."""
+    """How a caller that repeats one call many times (``plans``, ``allreduce``'s repeated calls)
+    runs ``op`` on ``dtype`` through ``comm``'s window: ``(kernel, address, code, divisor)``,
+    where ``kernel(buf, address, code, divisor)`` is ``_allreduce(buf, slots, state, code,
+    divisor)`` (0, or -1 if the ranks' buffers differ); or ``None`` if there is no window (not
+    made yet, or not usable here) or ``op`` has no numba kernel, where a call takes
+    ``fallback``'s algorithm.
+
+    ``kernel`` is the compiled entry point for ``dtype``, called without numba's type dispatch,
+    and the window goes by the address of its state, so that ``buf`` is the one array a call
+    unpacks: that halves the cost of a call of a few bytes. Nothing checks its arguments: the
+    caller makes sure, on every call, that ``buf`` is a writable 1-D C-contiguous array of
+    ``dtype``, and calls it only while ``comm`` lives."""
     window = comm.state.get(Window)
     if window is None or op.code is None:
         return None
-    return window.slots(dtype), window.state
+    kernel = _ENTRIES.get(dtype)
+    if kernel is None:
+        kernel = _ENTRIES[dtype] = _allreduce_at.compile(
+            (types.Array(from_dtype(dtype), 1, "C"), types.int64, types.int64, types.int64))
+    return kernel, window.state.ctypes.data, op.code, op.divisor
 
 
 def fallback(nbytes: int) -> str:

@@ -89,6 +89,19 @@ def call(typingctx, address):
 
 
 @intrinsic
+def pointer_to(typingctx, address, like):
+    """``address`` as a pointer to ``like``'s elements (``like``: an array, or a number of the
+    element type), for ``numba.carray`` to view memory that a caller passed by address."""
+    element = like.dtype if isinstance(like, types.Array) else like
+    sig = types.CPointer(element)(address, like)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+
+    return sig, codegen
+
+
+@intrinsic
 def load_seq_cst(typingctx, address):
     """The int64 at ``address``, read in the single total order of sequentially consistent accesses."""
     sig = types.int64(address)

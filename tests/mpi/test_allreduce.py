@@ -319,13 +319,14 @@ def test_keeps_to_messages_when_any_rank_cannot_read_the_others(comm, algorithm,
 def test_repeated_calls_on_one_buffer_follow_every_change_to_it(algorithm):
     """A loop that reduces one buffer on COMM_WORLD (its second call on takes the short path,
     ``collective.Repeat``) gets MPI's answer each time, also after the op, the buffer's values,
-    shape or dtype change, and is refused once the buffer is read-only."""
+    shape or dtype change (every dtype, each compiled for the short path of its own), and is
+    refused once the buffer is read-only."""
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     buf = np.empty(1000, np.float64)
     while algorithm == "auto" and online.exploring(library_comm(world), buf.nbytes):  # until auto's choice stays
         allreduce(buf)
-    for k, op in enumerate(("sum", "sum", "sum", "max", "max", "sum")):
+    for k, op in enumerate(("sum", "sum", "sum", "max", "max", "mean", "mean", "sum")):
         buf[:] = local_values(buf.size, "float64", rank + 7 * k)
         expected = oracle(world, buf, op)
         assert allreduce(buf, op=op, algorithm=algorithm) is buf
@@ -358,6 +359,14 @@ def test_repeated_calls_on_one_buffer_follow_every_change_to_it(algorithm):
         expected = oracle(world, buf, "sum")
         allreduce(buf, algorithm=algorithm)
         assert np.array_equal(buf, expected)
+    for dtype in ("int32", "float32"):  # retyped again: half the bytes per element, twice the elements
+        buf.dtype = dtype
+        for op in ("sum", "mean", "mean", "prod"):
+            buf[:] = local_values(buf.size, dtype, rank)
+            expected = oracle(world, buf, op)
+            allreduce(buf, op=op, algorithm=algorithm)
+            np.testing.assert_allclose(buf, expected, rtol=1e-5, atol=1e-5)
+        buf.dtype = np.int64
     buf.flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):
         allreduce(buf, algorithm=algorithm)

@@ -115,6 +115,10 @@ def test_misuse_raises_on_the_rank_before_anything_is_sent(comm):
     with pytest.raises(ValueError, match="plan.wait: the plan was not started"):
         planned.wait()
     x.shape = (10,)
+    x.flags.writeable = False
+    with pytest.raises(ValueError, match="plan: buf is read-only now"):
+        planned()
+    x.flags.writeable = True
     planned.start()
     with pytest.raises(ValueError, match="plan.start: the plan is already started"):
         planned.start()
