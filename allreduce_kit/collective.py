@@ -131,7 +131,7 @@ class Repeat:
     the full path, which then keeps the new call."""
 
     __slots__ = ("ref", "shape", "dtype", "op", "reduction", "algorithm", "settled", "winner", "fn", "kernel",
-                 "address", "code", "divisor")
+                 "address", "code", "divisor", "watched")
 
     #: Calls (buffer and algorithm) remembered per communicator; all are forgotten when one more comes.
     SIZE = 16
@@ -141,6 +141,8 @@ class Repeat:
         self.shape, self.dtype = buf.shape, buf.dtype
         self.op, self.reduction, self.algorithm = op, lib.reductions[name], algorithm
         self.settled, self.winner = settled, winner
+        #: What the stall inspector is told while the call runs (``stall.Inspector``).
+        self.watched = (lib.watch, None, f"allreduce(algorithm={algorithm!r}, {buf.size} x {buf.dtype})", None)
         self.fn = ALGORITHMS[winner]
         bound = shared_memory.binding(lib, buf.dtype, self.reduction) if winner == "shared_memory" else None
         # set where the call goes straight into a compiled kernel: ``kernel(buf, address, code, divisor)``
@@ -198,9 +200,8 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
             if settled is None or (settled.quiet and settled.winner is again.winner):
                 if settled is not None:
                     settled.quiet -= 1
-                watch = lib.watch
-                watch.calls += 1
-                INSPECTOR.current = (watch, None, algorithm, buf)
+                lib.watch.calls += 1
+                INSPECTOR.current = again.watched
                 try:
                     kernel = again.kernel
                     if kernel is None:  # set only where the reduction has a compiled kernel

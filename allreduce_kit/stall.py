@@ -173,9 +173,10 @@ class Inspector:
     # ``watch.calls += 1; INSPECTOR.current = (watch, timeout, algorithm, buf)`` (``timeout`` ``None``:
     # ``default_timeout``, read here), and that it ended
     # with ``INSPECTOR.current = None`` (in a ``finally``). ``allreduce`` does that inline: a
-    # counter and one fresh tuple, because for small messages a method call is a measurable
-    # share of the call; other collectives use ``watching`` (``buf`` None, ``algorithm`` the
-    # description). The watchdog, not the caller, reads the clock.
+    # counter and a tuple, because for small messages a method call is a measurable share of the
+    # call; a call it repeats (``collective.Repeat``) sets a tuple made once, with ``buf`` None
+    # and the description for ``algorithm``, as other collectives do through ``watching``. The
+    # watchdog tells one call from the next by the counter, and it, not the caller, reads the clock.
 
     def _run(self) -> None:
         """The watchdog's loop; if it fails, the job ends (a job without its watchdog could hang)."""
@@ -189,7 +190,7 @@ class Inspector:
                       f"aborting the job rather than running unwatched.")
 
     def _watch_loop(self) -> None:
-        seen, seen_at = None, 0.0  # the call in progress at the last look, and since when
+        seen, seen_call, seen_at = None, 0, 0.0  # the call in progress at the last look, its number, since when
         while not self.stopping.wait(0.25):
             with self.lock:
                 for watch in list(self.watches):
@@ -203,11 +204,12 @@ class Inspector:
             if current is None:
                 self.slow_reported.clear()
                 continue
-            if current is not seen:
-                seen, seen_at = current, time.monotonic()
+            watch, timeout, algorithm, buf = current
+            call = 0 if watch is None else watch.calls
+            if current is not seen or call != seen_call:
+                seen, seen_call, seen_at = current, call, time.monotonic()
                 self.slow_reported.clear()
                 continue
-            watch, timeout, algorithm, buf = current
             if timeout is None:
                 timeout = default_timeout or 0.0
             waited = time.monotonic() - seen_at

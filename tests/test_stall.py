@@ -1,6 +1,7 @@
 """The stall inspector: a collective that waits too long for a rank names that rank and ends
 the job instead of hanging forever.
 """
+import re
 import time
 
 import pytest
@@ -34,6 +35,47 @@ def test_a_late_rank_is_named_and_the_job_ends_before_it_would_arrive(mpirun, sc
     assert result.returncode != 0
     assert "missing ranks (have not reached this call): [2]" in result.stderr
     assert "late from" in result.stdout and "finished" not in result.stdout
+
+
+REPEATED = """
+import time
+import numpy as np
+from mpi4py import MPI
+from allreduce_kit import allreduce
+from allreduce_kit.comm import _world
+buf = np.ones(10)
+for _ in range(5):  # the first calls compile, make the window and keep the call: slow, and said so
+    allreduce(buf, algorithm="shared_memory")
+start, world = time.monotonic(), MPI.COMM_WORLD
+while not world.bcast(time.monotonic() - start > 2.5):  # one buffer again and again, for longer than
+    for _ in range(2000):                                 # the timeout: the short path
+        allreduce(buf, algorithm="shared_memory")
+assert _world[0].last_repeat is not None and _world[0].last_repeat.ref() is buf
+if world.Get_rank() == 0:
+    print("looped for", time.monotonic() - start, flush=True)
+if MPI.COMM_WORLD.Get_rank() == 2:
+    time.sleep(120)
+allreduce(buf, algorithm="shared_memory")
+print("finished", flush=True)
+"""
+
+
+def test_a_late_rank_is_named_in_a_loop_of_calls_that_repeat(mpirun, tmp_path):
+    """A repeated call (``collective.Repeat``) tells the inspector what it runs without a tuple of
+    its own per call. A loop of such calls that lasts longer than the timeout is not a stall; a
+    late rank still is, named with the call's description, and it ends the job."""
+    path = tmp_path / "repeated.py"
+    path.write_text(REPEATED)
+    result = mpirun(3, [path], timeout=90, via_mpi4py=False, env={"ALLREDUCE_KIT_STALL_TIMEOUT": "1"})
+    assert result.returncode != 0
+    looped = [float(line.split()[-1]) for line in result.stdout.splitlines() if line.startswith("looped for")]
+    assert looped and looped[0] > 2.5, result.stdout  # the loop outlasted the timeout
+    slow = [int(re.search(r"\(call #(\d+) ", line).group(1)) for line in result.stderr.splitlines()
+            if "allreduce_kit: stall:" in line and "slow, not stuck" in line]
+    assert all(call <= 5 for call in slow), result.stderr  # none in the loop, whose calls all move on
+    assert "allreduce(algorithm='shared_memory', 10 x float64) (call #" in result.stderr
+    assert "missing ranks (have not reached this call): [2]" in result.stderr
+    assert "finished" not in result.stdout
 
 
 def test_a_rank_late_by_less_than_the_timeout_is_only_waited_for(mpirun, script):

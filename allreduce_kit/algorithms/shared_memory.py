@@ -68,7 +68,8 @@ def _allreduce(buf, slots, state, code, divisor):
 
     ``slots``: the window's slot area viewed as ``buf``'s dtype; ``state``: this rank, the rank
     count, the flags' address, the window's ``wait`` (``spin.py``; 0: spin), the
-    number of the last round (advanced here), ``SCATTER_FROM`` and ``SLOT_BYTES``.
+    number of the last round (advanced here), ``SCATTER_FROM``, ``SLOT_BYTES`` and the slot
+    area's address (``_allreduce_at``).
 
     The first round of a call also publishes ``signature.word`` beside the rank's first flag,
     in a word of the round's set, and compares every rank's before reading any slot: if one
