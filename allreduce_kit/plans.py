@@ -7,8 +7,8 @@ MPI-4's ``MPI_Allreduce_init`` idea. What ``allreduce`` redoes on every call is 
 checking the buffer, the op and the algorithm; looking the communicator up; ``auto``'s choice for
 the buffer's size; the op's reduction for the rank count. On its first call a plan also binds
 what its algorithm can reuse: for ``shared_memory`` (``auto``'s choice on one node up to 32 MiB)
-the window's slots as the buffer's dtype, its flags and the compiled loop, so that every later
-call goes straight into that loop; other algorithms are called with everything they take
+the compiled loop's entry point for the buffer's dtype and the window's address, so that every
+later call goes straight into that loop (``shared_memory.binding``); other algorithms are called with everything they take
 already looked up. A call checks only what can change behind a plan's back, which costs a few
 attribute reads: the buffer is still alive, writable and has its shape and dtype, the
 communicator and the plan have not been freed.
