@@ -55,8 +55,8 @@ class Plan:
     elements ``[start, stop)`` of ``buf``'s flat view (a bucket of a gradient buffer)."""
 
     __slots__ = ("op", "algorithm", "requested", "comm", "_ref", "_shape", "_dtype", "_plain", "_span", "_lib", "_alive",
-                 "_watch", "_timeout", "_reduction", "_fn", "_kernel", "_address", "_code", "_divisor", "_idle", "_bound",
-                 "_started", "_freed", "__weakref__")
+                 "_watch", "_watched", "_reduction", "_fn", "_kernel", "_address", "_code", "_divisor", "_idle",
+                 "_bound", "_started", "_freed", "__weakref__")
 
     def __init__(self, buf: np.ndarray, *, op="sum", algorithm: str = "auto",
                  comm: Optional[MPI.Intracomm] = None, check: Optional[bool] = None,
@@ -82,7 +82,7 @@ class Plan:
         #: ``buf`` itself is what the algorithms take (1-D, C-contiguous ndarray): no view to make per call.
         self._plain = type(buf) is np.ndarray and buf.ndim == 1 and buf.flags.c_contiguous
         self._span = span
-        self._lib, self._watch, self._timeout = lib, lib.watch, stall_timeout
+        self._lib, self._watch = lib, lib.watch
         self._alive = lib.attach(_Alive, _Alive)
         self._reduction = lib.reductions[name]
         self._fn = self._kernel = None
@@ -103,6 +103,9 @@ class Plan:
                 self._choose(lib, array)
         else:
             self._choose(lib, array)
+        #: What the stall inspector is told while a call runs, made once (``stall.Inspector``).
+        self._watched = (lib.watch, stall_timeout, f"allreduce(algorithm={self.algorithm!r}, {array.size} x "
+                                                   f"{array.dtype})", None)
 
     def _choose(self, lib, array: np.ndarray) -> None:
         if self.requested == "auto" and not self._idle:
@@ -131,9 +134,8 @@ class Plan:
         if self._idle:
             return source
         array = source if self._plain and self._span is None else self._view(source)
-        watch = self._watch
-        watch.calls += 1
-        INSPECTOR.current = (watch, self._timeout, self.algorithm, array)
+        self._watch.calls += 1
+        INSPECTOR.current = self._watched
         try:
             if not self._bound:
                 self._bind(array)

@@ -174,9 +174,10 @@ class Inspector:
     # ``default_timeout``, read here), and that it ended
     # with ``INSPECTOR.current = None`` (in a ``finally``). ``allreduce`` does that inline: a
     # counter and a tuple, because for small messages a method call is a measurable share of the
-    # call; a call it repeats (``collective.Repeat``) sets a tuple made once, with ``buf`` None
-    # and the description for ``algorithm``, as other collectives do through ``watching``. The
-    # watchdog tells one call from the next by the counter, and it, not the caller, reads the clock.
+    # call; a call it repeats (``collective.Repeat``) and a plan's call set a tuple made once,
+    # with ``buf`` None and the description for ``algorithm``, as other collectives do through
+    # ``watching``. The watchdog tells one call from the next by the counter, and it, not the
+    # caller, reads the clock.
 
     def _run(self) -> None:
         """The watchdog's loop; if it fails, the job ends (a job without its watchdog could hang)."""
