@@ -8,6 +8,14 @@ by Slurm's allocation for the whole node (``SLURM_CPUS_ON_NODE``) when Slurm lau
 So 8 tasks x 1 CPU on an 8-core node, each bound to its own core, is 8 ranks on 8 cores, not
 oversubscribed; 8 ranks on a 2-core laptop are.
 
+Nodes are not always machines of their own: containers or network namespaces on one host (the
+emulated cluster of ``allreduce_kit.cluster``) are nodes to MPI, with hosts and memory of their
+own, yet their ranks share the host's cores. Nodes whose ranks run on one kernel (the same
+``boot_id``) are one machine, whose cores are the union of their cores; ranks are
+oversubscribed, and get their share of threads, by their machine as well as by their node, and
+by every rank of the job found there, not only the communicator's: the communicator of one
+node's ranks, or of a few ranks, still shares the cores with the rest of the job.
+
 Before MPI starts (the yield setting must be decided then) only the launcher's environment is
 known: ``local_size_from_launcher`` and ``cores_from_environment`` answer from it.
 """
@@ -19,6 +27,11 @@ from typing import Iterable, Mapping, Optional, Sequence, Tuple
 _LOCAL_SIZE = ("MPI_LOCALNRANKS",              # MPICH's hydra
                "OMPI_COMM_WORLD_LOCAL_SIZE",   # Open MPI
                "SLURM_NTASKS_PER_NODE")        # Slurm (srun), when given as one number
+#: The most ranks of this job that a communicator's topology (``Topology.of``) has found on this
+#: process's machine so far: a communicator of a few of them still shares the cores with the rest.
+_job_ranks_here = 0
+#: The running kernel's identity, the same in every container and namespace on one machine.
+_BOOT_ID = "/proc/sys/kernel/random/boot_id"
 #: Variables in which a user sets the threads a process may use; they win over the share.
 _USER_THREADS = ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS")
 
@@ -29,6 +42,16 @@ def affinity(pid: int = 0) -> Tuple[int, ...]:
         return tuple(sorted(os.sched_getaffinity(pid)))
     except (AttributeError, OSError):  # not Linux
         return tuple(range(os.cpu_count() or 1))
+
+
+def machine_id() -> str:
+    """The identity of the machine (the running kernel) this process runs on; empty where
+    unknown (then every node counts as a machine of its own)."""
+    try:
+        with open(_BOOT_ID) as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
 
 
 def _positive(text: Optional[str]) -> Optional[int]:
@@ -97,6 +120,12 @@ class Topology:
     cores_per_node: Tuple[int, ...]
     #: each node's host name, as MPI reports it
     hosts: Tuple[str, ...] = ()
+    #: machine index of each node, cores of each machine and ranks of the job on each (this
+    #: communicator's, or more where an earlier communicator counted more; module docstring);
+    #: empty: every node is a machine of its own
+    machine_of: Tuple[int, ...] = ()
+    cores_per_machine: Tuple[int, ...] = ()
+    ranks_per_machine: Tuple[int, ...] = ()
 
     @property
     def size(self) -> int:
@@ -134,21 +163,39 @@ class Topology:
 
     @property
     def oversubscribed(self) -> bool:
-        """Some node has more ranks than cores (the same answer on every rank)."""
-        return any(r > c for r, c in zip(self.ranks_per_node, self.cores_per_node))
+        """Some node, or some machine that holds several nodes, has more ranks than cores (the
+        same answer on every rank)."""
+        return (any(r > c for r, c in zip(self.ranks_per_node, self.cores_per_node))
+                or any(r > c for r, c in zip(self.ranks_per_machine, self.cores_per_machine)))
 
     def threads(self, environ: Mapping[str, str] = os.environ) -> int:
         """Threads this rank's kernels may use: the user's setting, else its share of its node's
-        cores, ``max(1, cores // ranks on the node)``."""
-        return user_threads(environ) or max(1, self.cores_per_node[self.node] // self.local_size)
+        cores, ``max(1, cores // ranks on the node)``, and no more than its share of its machine's."""
+        share = self.cores_per_node[self.node] // self.local_size
+        if self.cores_per_machine:
+            machine = self.machine_of[self.node]
+            share = min(share, self.cores_per_machine[machine] // self.ranks_per_machine[machine])
+        return user_threads(environ) or max(1, share)
 
     @classmethod
     def from_parts(cls, rank: int, node_of: Sequence[int], cores_per_node: Sequence[int],
-                   hosts: Sequence[str] = ()) -> "Topology":
-        """A topology from what each rank reported (what ``of`` gathers); for tests and tools."""
+                   hosts: Sequence[str] = (), machine_of: Sequence[int] = (),
+                   cores_per_machine: Sequence[int] = (), ranks_per_machine: Sequence[int] = ()) -> "Topology":
+        """A topology from what each rank reported (what ``of`` gathers); for tests and tools.
+        ``ranks_per_machine`` defaults to the ranks of this communicator on each machine."""
         if sorted(set(node_of)) != list(range(len(cores_per_node))):
             raise ValueError(f"node_of {tuple(node_of)} must number the {len(cores_per_node)} nodes 0, 1, ...")
-        return cls(rank, tuple(int(n) for n in node_of), tuple(int(c) for c in cores_per_node), tuple(hosts))
+        if (machine_of or cores_per_machine) and (len(machine_of) != len(cores_per_node)
+                                                  or sorted(set(machine_of)) != list(range(len(cores_per_machine)))):
+            raise ValueError(f"machine_of {tuple(machine_of)} must give each of the {len(cores_per_node)} nodes one of "
+                             f"the {len(cores_per_machine)} machines 0, 1, ...")
+        if ranks_per_machine and len(ranks_per_machine) != len(cores_per_machine):
+            raise ValueError(f"ranks_per_machine {tuple(ranks_per_machine)} must count the ranks of each of the "
+                             f"{len(cores_per_machine)} machines")
+        here = [sum(1 for n in node_of if machine_of[n] == m) for m in range(len(cores_per_machine))]
+        return cls(rank, tuple(int(n) for n in node_of), tuple(int(c) for c in cores_per_node), tuple(hosts),
+                   tuple(int(m) for m in machine_of), tuple(int(c) for c in cores_per_machine),
+                   tuple(max(int(a), b) for a, b in zip(ranks_per_machine or here, here)))
 
     @classmethod
     def of(cls, comm, environ: Mapping[str, str] = os.environ) -> "Topology":
@@ -157,12 +204,29 @@ class Topology:
 
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         try:
-            cores = node_cores(node.allgather(affinity()), environ)
+            masks = node.allgather(affinity())
+            cores = node_cores(masks, environ)
             leader = node.allreduce(comm.Get_rank(), op=MPI.MIN)
         finally:
             node.Free()
-        reports = comm.allgather((leader, cores, MPI.Get_processor_name()))
-        leaders = sorted({lead for lead, _, _ in reports})
+        union = sum(1 << core for core in set().union(*masks))  # the node's cores as one bit mask
+        global _job_ranks_here
+        reports = comm.allgather((leader, cores, MPI.Get_processor_name(), machine_id() or f"node {leader}", union,
+                                  _job_ranks_here))
+        leaders = sorted({report[0] for report in reports})
         index = {lead: i for i, lead in enumerate(leaders)}
-        return cls.from_parts(comm.Get_rank(), [index[lead] for lead, _, _ in reports],
-                              [reports[lead][1] for lead in leaders], [reports[lead][2] for lead in leaders])
+        machines = list(dict.fromkeys(reports[lead][3] for lead in leaders))
+        machine_of = [machines.index(reports[lead][3]) for lead in leaders]
+        cores_per_machine, ranks_per_machine = [], []
+        for name in machines:
+            nodes = [reports[lead] for lead in leaders if reports[lead][3] == name]
+            mask = 0
+            for report in nodes:
+                mask |= report[4]
+            cores_per_machine.append(min(bin(mask).count("1"), sum(report[1] for report in nodes)))
+            ranks_per_machine.append(max(report[5] for report in reports if report[3] == name))
+        layout = cls.from_parts(comm.Get_rank(), [index[report[0]] for report in reports],
+                                [reports[lead][1] for lead in leaders], [reports[lead][2] for lead in leaders],
+                                machine_of, cores_per_machine, ranks_per_machine)
+        _job_ranks_here = max(_job_ranks_here, layout.ranks_per_machine[machine_of[layout.node]])
+        return layout

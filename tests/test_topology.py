@@ -57,6 +57,37 @@ def test_two_nodes_round_robin():
     assert Topology.from_parts(0, [0, 1, 0, 1, 0], [2, 2]).oversubscribed  # 3 ranks on node 0's 2 cores
 
 
+def test_nodes_on_one_machine_share_its_cores():
+    # two containers (nodes) of 4 ranks on one 2-core host: each node sees the host's 2 cores
+    shared = Topology.from_parts(1, [0, 1] * 4, [2, 2], ["n1", "n2"], machine_of=[0, 0], cores_per_machine=[2])
+    assert shared.ranks_per_machine == (8,)
+    assert shared.oversubscribed
+    assert shared.threads(NO_THREADS_SET) == 1
+    # two nodes of 1 rank on one 4-core host: each node alone would give its rank 4 threads
+    assert Topology.from_parts(0, [0, 1], [4, 4], machine_of=[0, 0], cores_per_machine=[4]).threads(NO_THREADS_SET) == 2
+    # the same layout on two hosts of their own
+    apart = Topology.from_parts(1, [0, 1] * 4, [4, 4], ["a", "b"], machine_of=[0, 1], cores_per_machine=[4, 4])
+    assert not apart.oversubscribed and apart.threads(NO_THREADS_SET) == 1
+    assert not Topology.from_parts(1, [0, 1] * 4, [4, 4]).oversubscribed  # machines unknown: a node is one
+
+
+def test_a_few_ranks_of_a_busy_machine_share_it_with_the_rest_of_the_job():
+    # a communicator of 2 ranks on a 2-core machine where the job has 8 ranks
+    few = Topology.from_parts(0, [0, 0], [2], machine_of=[0], cores_per_machine=[2], ranks_per_machine=[8])
+    assert few.oversubscribed and few.ranks_per_machine == (8,)
+    alone = Topology.from_parts(0, [0, 0], [2], machine_of=[0], cores_per_machine=[2])
+    assert not alone.oversubscribed and alone.ranks_per_machine == (2,)
+
+
+def test_machines_must_cover_the_nodes():
+    with pytest.raises(ValueError, match="machine_of"):
+        Topology.from_parts(0, [0, 1], [2, 2], machine_of=[0], cores_per_machine=[2])
+    with pytest.raises(ValueError, match="machine_of"):
+        Topology.from_parts(0, [0, 1], [2, 2], machine_of=[0, 2], cores_per_machine=[2, 2])
+    with pytest.raises(ValueError, match="ranks_per_machine"):
+        Topology.from_parts(0, [0, 1], [2, 2], machine_of=[0, 0], cores_per_machine=[2], ranks_per_machine=[2, 2])
+
+
 def test_nodes_must_be_numbered_from_zero():
     with pytest.raises(ValueError, match="node_of"):
         Topology.from_parts(0, [0, 2], [1, 1])

@@ -12,10 +12,11 @@
   process's namespaces (``nsenter -t PID -a``);
 - with ``up --own-cores``, its share of the machine's cores (``cores``): every command on the
   node runs bound to them (``taskset``), so a node's ranks see the cores a host of their own
-  would have, and the toolkit's "more ranks than cores" (yielding instead of spinning while
-  waiting) is decided from what the node really has. Nodes get disjoint cores while there are
-  enough; beyond that, nodes share cores, dealt in turn. By default every node runs on all of
-  the machine's cores.
+  would have. Nodes get disjoint cores while there are enough; beyond that, nodes share cores,
+  dealt in turn. By default every node runs on all of the machine's cores. Either way the
+  toolkit sees that the nodes run on one kernel and counts their ranks together against the
+  machine's cores (``topology.py``): "more ranks than cores" (yielding instead of spinning
+  while waiting) follows what the machine really has.
 
 Only with all of that is a node a separate host to MPI and to the toolkit: with the network
 alone separated, ranks of two "nodes" still read each other's memory (``process_vm_readv``) and

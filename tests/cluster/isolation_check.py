@@ -7,7 +7,9 @@ Each rank checks, and rank 0 reports ``isolated: N nodes`` only if all of it hel
   while one of a rank on the same node succeeds (so the check itself works);
 - a file in one node's ``/dev/shm`` is not seen on another node;
 - the node-local paths are not taken across nodes: no single-copy peers and no shared window on
-  the world's communicator, while a node's own communicator has both.
+  the world's communicator, while a node's own communicator has both;
+- yet the nodes are one machine: the topology counts every rank of the job against the
+  machine's cores, also on a node's own communicator, so ranks that share the cores know it.
 """
 import ctypes
 import os
@@ -86,6 +88,13 @@ if node_lib.nranks > 1:
     allreduce(np.ones(8), algorithm="shared_memory", comm=node_comm)
     if node_lib.state.get(shared_memory.Window) is None:
         problems.append("no shared window inside a node")
+
+# one machine: every node's ranks counted together against its cores
+cores = len(os.sched_getaffinity(0))
+if layout.machine_of != (0,) * layout.nodes or layout.ranks_per_machine != (size,):
+    problems.append(f"the nodes are not seen as one machine of {size} ranks: {layout}")
+if node_lib.layout.ranks_per_machine != (size,) or node_lib.oversubscribed != (size > cores):
+    problems.append(f"a node's communicator does not count the job's {size} ranks on {cores} cores: {node_lib.layout}")
 
 problems = [p for ps in world.allgather(problems) for p in ps]
 if rank == 0:
