@@ -19,12 +19,12 @@ schedule is a pure function of how many calls of the class the communicator has 
 are collective, so every rank runs the same algorithm on the same call.
 
 **Cost**: ``len(candidates) * (ROUNDS + 1) * block`` calls per class (``exploration_calls``:
-80 below 64 KiB, 45 from 64 KiB, 20 from 1 MiB with the lists below), each no slower than the
-slowest candidate; then one ``Allreduce`` of a few doubles. If those calls took less than
-``MIN_EXPLORE_SECONDS`` on the slowest rank, ``ROUNDS`` more rounds follow (and another
+80 below 16 KiB, 60 from 16 KiB, 45 from 64 KiB, 20 from 1 MiB with the lists below), each no
+slower than the slowest candidate; then one ``Allreduce`` of a few doubles. If those calls took
+less than ``MIN_EXPLORE_SECONDS`` on the slowest rank, ``ROUNDS`` more rounds follow (and another
 ``Allreduce``), up to ``MAX_EXTENSIONS`` times: at most ``len(candidates) * (1 + ROUNDS * 16) *
-block`` calls (1040 below 64 KiB, 585 from 64 KiB), and only where calls are so short that
-they add up to less than 50 ms.
+block`` calls (1040 below 16 KiB, 780 from 16 KiB, 585 from 64 KiB), and only where calls are so
+short that they add up to less than 0.2 s.
 
 **Drift**: a settled class times its winner over one window (``ROUNDS * block`` calls) before
 each check; a check is one ``Allreduce`` of one double. The first comes ``CHECK_AFTER`` times
@@ -55,6 +55,7 @@ from .algorithms import ALGORITHMS
 #: long enough to time against the scheduler's noise.
 CANDIDATES: Tuple[Tuple[int, Tuple[str, ...], int], ...] = (
     (0, ("shared_memory", "recursive_doubling"), 8),
+    (16 << 10, ("shared_memory", "two_shot", "recursive_doubling"), 4),
     (64 << 10, ("shared_memory", "two_shot", "rabenseifner"), 3),
     (1 << 20, ("shared_memory", "two_shot", "rabenseifner", "ring"), 1),
 )
@@ -62,8 +63,9 @@ CANDIDATES: Tuple[Tuple[int, Tuple[str, ...], int], ...] = (
 ROUNDS = 4
 #: An exploration that took less than this (seconds, on the slowest rank) takes ``ROUNDS`` more
 #: rounds, up to ``MAX_EXTENSIONS`` times: a burst of load elsewhere (a scheduler's time slice is
-#: milliseconds) must not decide alone for messages whose calls take microseconds.
-MIN_EXPLORE_SECONDS = 0.05
+#: milliseconds) must not decide alone, and calls of a few milliseconds each, where ranks share
+#: cores, vary by half from one to the next, so four of each do not rank two candidates.
+MIN_EXPLORE_SECONDS = 0.2
 MAX_EXTENSIONS = 15
 #: The first drift check comes this many times a class's exploration calls after it settles.
 CHECK_AFTER = 64

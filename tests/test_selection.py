@@ -247,13 +247,14 @@ def test_a_size_class_is_a_power_of_two_range(nbytes, low):
 
 def test_exploration_is_bounded_and_tries_the_table_choice_first():
     """Each class's exploration is a fixed number of calls: candidates x (timed rounds + 1) x turn."""
-    for nbytes in (4, 60 << 10, 64 << 10, 1 << 20, 64 << 20):
+    for nbytes in (4, 16 << 10, 60 << 10, 64 << 10, 1 << 20, 64 << 20):
         names, block = online.candidates_for(nbytes, "tree")
         assert names[0] == "tree" and len(set(names)) == len(names) and set(names) <= set(ALGORITHMS)
         assert online.exploration_calls(nbytes, "tree") == len(names) * (online.ROUNDS + 1) * block
         assert online.exploration_calls(nbytes) <= 80
         assert online.exploration_calls(nbytes, "tree", 2) == len(names) * (1 + 3 * online.ROUNDS) * block
     assert online.candidates_for(4, "shared_memory") == (("shared_memory", "recursive_doubling"), 8)
+    assert "two_shot" in online.candidates_for(16 << 10, "shared_memory")[0]  # it can win there when lines move slowly
     assert online.candidates_for(64 << 20, "two_shot")[0] == ("two_shot", "shared_memory", "rabenseifner", "ring")
 
 
