@@ -33,4 +33,22 @@ def test_the_layout_matches_mpis_shared_memory_groups(any_comm):
     allocated = os.environ.get("SLURM_CPUS_ON_NODE", "")
     expected = min(len(union), int(allocated)) if allocated.isdigit() else len(union)
     assert layout.cores_per_node[layout.node] == expected
-    assert layout.oversubscribed == any(r > c for r, c in zip(layout.ranks_per_node, layout.cores_per_node))
+    machine = layout.machine_of[layout.node]
+    here = sum(1 for n in layout.node_of if layout.machine_of[n] == machine)
+    assert layout.ranks_per_machine[machine] >= here  # the job's ranks on the machine, at least this comm's
+    assert layout.oversubscribed == (any(r > c for r, c in zip(layout.ranks_per_node, layout.cores_per_node))
+                                     or any(r > c for r, c in zip(layout.ranks_per_machine, layout.cores_per_machine)))
+
+
+@pytest.mark.mpi
+def test_a_communicator_of_one_rank_counts_the_jobs_ranks_on_its_machine():
+    world = library_comm().layout
+    alone = MPI.COMM_WORLD.Split(MPI.COMM_WORLD.Get_rank(), 0)
+    try:
+        layout = library_comm(alone).layout
+        on_machine = world.ranks_per_machine[world.machine_of[world.node]]
+        assert layout.ranks_per_machine == (on_machine,)
+        assert layout.oversubscribed == (on_machine > layout.cores_per_machine[0])
+        assert layout.threads({}) == max(1, min(layout.cores_per_node[0], layout.cores_per_machine[0] // on_machine))
+    finally:
+        alone.Free()
