@@ -200,6 +200,7 @@ class Topology:
     @classmethod
     def of(cls, comm, environ: Mapping[str, str] = os.environ) -> "Topology":
         """``comm``'s topology (collective over ``comm``)."""
+        global _job_ranks_here
         from mpi4py import MPI
 
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
@@ -210,7 +211,6 @@ class Topology:
         finally:
             node.Free()
         union = sum(1 << core for core in set().union(*masks))  # the node's cores as one bit mask
-        global _job_ranks_here
         reports = comm.allgather((leader, cores, MPI.Get_processor_name(), machine_id() or f"node {leader}", union,
                                   _job_ranks_here))
         leaders = sorted({report[0] for report in reports})

@@ -113,12 +113,12 @@ def init(comm: Optional[MPI.Intracomm] = None) -> None:
 
 def share_cores(layout: Topology) -> int:
     """Lower torch's intra-op threads to this rank's share of its node's cores (``layout.threads()``:
-    cores // ranks on the node, at least one) where its ranks would otherwise ask for more
-    threads than the node has cores; never raise them. ``OMP_NUM_THREADS`` or
+    cores // ranks on the node, at least one, and no more than its share of its machine's) where
+    it would otherwise ask for more; never raise them. ``OMP_NUM_THREADS`` or
     ``NUMBA_NUM_THREADS``, if set, is the user's choice and left alone. Returns the threads."""
     threads = torch.get_num_threads()
-    if user_threads() is None and layout.local_size * threads > layout.cores_per_node[layout.node]:
-        threads = min(threads, layout.threads())
+    if user_threads() is None and threads > layout.threads():
+        threads = layout.threads()
         torch.set_num_threads(threads)
     return threads
 

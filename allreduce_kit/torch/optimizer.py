@@ -72,9 +72,9 @@ def overlap_choice(overlap: Optional[bool], nbytes: int = 0) -> Tuple[bool, str]
 
 
 def _core_to_spare(s) -> bool:
-    """Whether this node has a core for a background thread beyond its ranks' torch threads."""
-    layout = s.layout
-    return layout.cores_per_node[layout.node] >= layout.local_size * (torch.get_num_threads() + 1)
+    """Whether this node (and machine) has a core for a background thread beyond its ranks' torch
+    threads: this rank's share of the cores (``Topology.threads``, the user's setting aside) has one."""
+    return s.layout.threads({}) >= torch.get_num_threads() + 1
 
 
 class _Bucket:
