@@ -6,7 +6,8 @@ On one node (across nodes the node-aware cost model of ``multinode.py`` decides)
 built-in table would choose (a tuning file's rules are followed as written where
 they measured), the first calls of a class on a communicator explore:
 
-1. the candidates are the table's choice and a short list for the size (``CANDIDATES``);
+1. the candidates are the table's choice and a short list for the size (``CANDIDATES``), less
+   what cannot win where the ranks read each other's buffers (``DOMINATED_WITH_DIRECT``);
 2. the calls take turns by candidate: ``block`` calls in a row each, one untimed round (the first
    call of an algorithm allocates its window or scratch) and then ``ROUNDS`` timed rounds, each
    round in a rotated order; every rank times its own calls (``perf_counter``);
@@ -19,7 +20,7 @@ schedule is a pure function of how many calls of the class the communicator has 
 are collective, so every rank runs the same algorithm on the same call.
 
 **Cost**: ``len(candidates) * (ROUNDS + 1) * block`` calls per class (``exploration_calls``:
-80 below 16 KiB, 60 from 16 KiB, 45 from 64 KiB, 20 from 1 MiB with the lists below), each no
+80 below 16 KiB, 60 from 16 KiB, 45 from 64 KiB, 20 from 1 MiB, 10 with direct transfers), each no
 slower than the slowest candidate; then one ``Allreduce`` of a few doubles. If those calls took
 less than ``MIN_EXPLORE_SECONDS`` on the slowest rank, ``ROUNDS`` more rounds follow (and another
 ``Allreduce``), up to ``MAX_EXTENSIONS`` times: at most ``len(candidates) * (1 + ROUNDS * 16) *
@@ -48,7 +49,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import config, selection
-from .algorithms import ALGORITHMS
+from .algorithms import ALGORITHMS, direct
 
 #: ``(from bytes, candidates, calls per timed turn)``: the short list tried from each size on,
 #: besides the table's own choice. Small messages take turns in blocks of calls, so a turn is
@@ -59,6 +60,16 @@ CANDIDATES: Tuple[Tuple[int, Tuple[str, ...], int], ...] = (
     (64 << 10, ("shared_memory", "two_shot", "rabenseifner"), 3),
     (1 << 20, ("shared_memory", "two_shot", "rabenseifner", "ring"), 1),
 )
+#: From ``DOMINATED_FROM`` bytes, left out of a class's candidates (unless the table chose one)
+#: where the communicator's ranks read and write each other's buffers directly
+#: (``algorithms/direct.py``): there ``two_shot`` moves the same bytes with less memory traffic
+#: (2p against 5(p-1) segments per rank, its docstring) and waits twice per call, not at every
+#: step, and it was at least as fast as both at every such size and rank count measured
+#: (docs/performance.md). Timed anyway, with calls that vary by a fifth from one to the next
+#: where ranks share cores, they won a third of the explorations at 8 ranks and 8-16 MiB, and
+#: then took 1.2x-1.6x ``two_shot``'s time.
+DOMINATED_WITH_DIRECT = ("rabenseifner", "ring")
+DOMINATED_FROM = 1 << 20
 #: Timed rounds of turns per exploration (after one untimed round).
 ROUNDS = 4
 #: An exploration that took less than this (seconds, on the slowest rank) takes ``ROUNDS`` more
@@ -86,21 +97,24 @@ def size_class(nbytes: int) -> int:
     return 1 << (nbytes.bit_length() - 1) if nbytes > 0 else 0
 
 
-def candidates_for(nbytes: int, prior: str) -> Tuple[Tuple[str, ...], int]:
+def candidates_for(nbytes: int, prior: str, direct: bool = False) -> Tuple[Tuple[str, ...], int]:
     """The algorithms explored for ``nbytes`` (the table's choice ``prior`` first) and the calls
-    per timed turn."""
+    per timed turn; ``direct``: the ranks transfer directly, so ``DOMINATED_WITH_DIRECT`` are
+    left out."""
     listed, block = CANDIDATES[0][1], CANDIDATES[0][2]
     for start, names, turn in CANDIDATES:
         if nbytes >= start:
             listed, block = names, turn
+    if direct and nbytes >= DOMINATED_FROM:
+        listed = tuple(n for n in listed if n not in DOMINATED_WITH_DIRECT)
     names = tuple(n for n in dict.fromkeys((prior,) + listed) if n in ALGORITHMS)
     return names, block
 
 
-def exploration_calls(nbytes: int, prior: str = "shared_memory", extensions: int = 0) -> int:
+def exploration_calls(nbytes: int, prior: str = "shared_memory", extensions: int = 0, direct: bool = False) -> int:
     """How many calls of ``nbytes``' class exploration takes with ``extensions`` sets of extra
     rounds (at most ``MAX_EXTENSIONS``)."""
-    names, block = candidates_for(nbytes, prior)
+    names, block = candidates_for(nbytes, prior, direct)
     return len(names) * (1 + ROUNDS * (1 + extensions)) * block
 
 
@@ -150,8 +164,11 @@ class SizeClass:
 class Tuner:
     """One communicator's online tuning: its size classes, each exploring or settled."""
 
-    def __init__(self, lib, auto: "selection.Auto", mode: str, path: Optional[str]):
+    def __init__(self, lib, auto: "selection.Auto", mode: str, path: Optional[str], direct: bool = False):
         self.auto, self.mode, self.path = auto, mode, path
+        #: The ranks read and write each other's buffers with the compiled kernels, so the
+        #: algorithms that can (``two_shot``, ``ring``, ``rabenseifner``) do (``candidates_for``).
+        self.direct = direct
         self.layout = f"{lib.nranks}/{lib.layout.nodes}"
         self.rank, self.nranks, self.nodes = lib.myrank, lib.nranks, lib.layout.nodes
         self.classes: Dict[int, SizeClass] = {}
@@ -160,7 +177,7 @@ class Tuner:
         for low, entry in (auto.saved.get(self.layout) or {}).items():
             low = int(low)
             if low > 0 and low & (low - 1) == 0 and not auto.file_decides(low):
-                names, block = candidates_for(low, auto.choose(low))
+                names, block = candidates_for(low, auto.choose(low), self.direct)
                 names = tuple(dict.fromkeys((entry["algorithm"],) + names))
                 saved = SizeClass(low, names, block, entry["algorithm"])
                 times = entry.get("times_us") or {}
@@ -180,7 +197,7 @@ class Tuner:
             low = size_class(nbytes)
             found = self.classes.get(low)
             if found is None:
-                found = self.classes[low] = SizeClass(low, *candidates_for(nbytes, self.auto.choose(nbytes)))
+                found = self.classes[low] = SizeClass(low, *candidates_for(nbytes, self.auto.choose(nbytes), self.direct))
         if len(self.by_nbytes) < MEMO_SIZES:
             self.by_nbytes[nbytes] = found
         return found
@@ -323,7 +340,8 @@ def _make(lib) -> Optional[Tuner]:
     mode, path = decided
     if mode == "off":
         return None
-    auto.online = Tuner(lib, auto, mode, path)
+    transfers = direct.peers_for(lib) is not None and lib.reductions["sum"].code is not None  # collective
+    auto.online = Tuner(lib, auto, mode, path, transfers)
     return auto.online
 
 

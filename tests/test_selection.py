@@ -258,6 +258,19 @@ def test_exploration_is_bounded_and_tries_the_table_choice_first():
     assert online.candidates_for(64 << 20, "two_shot")[0] == ("two_shot", "shared_memory", "rabenseifner", "ring")
 
 
+def test_with_direct_transfers_large_classes_skip_what_two_shot_outruns():
+    """Where ranks read each other's buffers, ``rabenseifner`` and ``ring`` move the same bytes
+    as ``two_shot`` with more memory traffic: from ``DOMINATED_FROM`` they are not explored,
+    unless the table chose one; below it, and by messages, they still are."""
+    big = online.DOMINATED_FROM
+    assert online.candidates_for(big, "shared_memory", direct=True)[0] == ("shared_memory", "two_shot")
+    assert online.candidates_for(64 << 20, "ring", direct=True)[0] == ("ring", "shared_memory", "two_shot")
+    assert "rabenseifner" in online.candidates_for(big - 1, "shared_memory", direct=True)[0]
+    assert online.candidates_for(big, "shared_memory", direct=False)[0] == ("shared_memory", "two_shot",
+                                                                             "rabenseifner", "ring")
+    assert online.exploration_calls(big, direct=True) < online.exploration_calls(big)
+
+
 @pytest.mark.parametrize("text, mode", [("1", "on"), ("on", "on"), ("TRUE", "on"), ("0", "off"), ("off", "off"),
                                         ("save", "save"), (" Save ", "save"), ("", "on")])
 def test_the_online_setting_parses(monkeypatch, text, mode):

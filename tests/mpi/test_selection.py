@@ -168,10 +168,11 @@ def test_online_tuning_explores_a_bounded_schedule_the_same_on_every_rank(comm, 
     p = comm.Get_size()
     for nbytes in EXPLORED_SIZES:
         prior = selection.choose_for(lib, nbytes)
-        candidates, block = online.candidates_for(nbytes, prior)
-        budget = online.exploration_calls(nbytes, prior)
+        direct = online.tuner_for(lib).direct
+        candidates, block = online.candidates_for(nbytes, prior, direct)
+        budget = online.exploration_calls(nbytes, prior, direct=direct)
         assert budget == len(candidates) * (online.ROUNDS + 1) * block
-        most = online.exploration_calls(nbytes, prior, online.MAX_EXTENSIONS)
+        most = online.exploration_calls(nbytes, prior, online.MAX_EXTENSIONS, direct)
         del ran[:]
         calls = 0
         while calls == 0 or online.exploring(lib, nbytes):
