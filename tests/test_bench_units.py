@@ -110,3 +110,69 @@ def test_the_batch_follows_the_quickest_warm_up_call():
 
     _, batches = time_calls({"a": slow_once}, lambda: None, OneRank(), samples=1, warmup=2)
     assert batches == {"a": MAX_BATCH}
+
+
+def test_a_result_reduced_again_is_predicted_only_where_exact_and_an_error_would_carry():
+    """``again``: what the next call makes of a result every rank holds, where any order of
+    folding gives it bitwise and a wrong value on one rank would change it; ``None`` otherwise,
+    so that the input is restored first."""
+    import numpy as np
+
+    from allreduce_kit.bench.sweep import again, exact_calls
+
+    r = np.array([-3, 0, 5], np.float32)
+    assert np.array_equal(again(r, "sum", 3), r * 3) and again(r, "sum", 3).dtype == np.float32
+    assert np.array_equal(again(np.array([-1, 1], np.int32), "prod", 5), [-1, 1])
+    assert again(r, "mean", 2) is None, "a mean divides: it may round"
+    assert again(r, "max", 2) is None and again(r, "min", 2) is None, "a wrong value may be folded away"
+    assert again(np.array([2.0 ** 23], np.float32), "sum", 2) is not None
+    assert again(np.array([2.0 ** 23], np.float32), "sum", 3) is None, "past float32's exact integers"
+    assert again(np.array([2 ** 30], np.int32), "sum", 2) is None, "past int32"
+    assert again(np.array([2.0 ** 30], np.float64), "sum", 8) is not None
+    assert exact_calls(np.array([32.0], np.float32), "sum", 8, 64) == 7, "32 * 8**6 = 2**23; once more is past 2**24"
+    assert exact_calls(r, "max", 8, 64) == 1 and exact_calls(r, "sum", 2, 5) == 5
+
+
+def test_exploring_calls_run_as_the_samples_do_and_each_is_checked(monkeypatch):
+    """auto's exploring calls come in runs as long as a timed sample's, each run on a restored
+    input and between two barriers with nothing else in them; a call that is wrong mid-run is
+    found in the run's last result, checked after it."""
+    import numpy as np
+
+    from allreduce_kit import online
+    from allreduce_kit.bench import sweep
+
+    events = []
+
+    class TwoRanks:  # as if the other rank held the same input
+        def Get_size(self):
+            return 2
+
+        def Barrier(self):
+            events.append("barrier")
+
+        def allreduce(self, value, op=None):
+            return value
+
+    left = [23]
+    monkeypatch.setattr(online, "exploring", lambda lib, size: left[0] > 0)
+    x = np.array([1, -2, 3], np.float32)
+    buf = np.empty_like(x)
+
+    def call():
+        left[0] -= 1
+        events.append("call")
+        buf[:] = buf * (3 if left[0] == 10 else 2)  # the 13th call is wrong
+
+    def restore():
+        events.append("restore")
+        np.copyto(buf, x)
+
+    calls, wrong = sweep.explore(TwoRanks(), None, 12, call, buf, restore, 2 * x, "sum", batch=5)
+    assert calls == 23 and wrong == 3, "the 13th call's three elements, found once, at the end of its run"
+    runs = "".join({"restore": "r", "barrier": "b", "call": "c"}[e] for e in events).split("r")[1:]
+    assert runs == ["bcccccb"] * 4 + ["bcccb"], runs
+    for op in ("mean", "max"):
+        left[0], events[:] = 4, []
+        calls, wrong = sweep.explore(TwoRanks(), None, 12, call, buf, restore, 2 * x, op, batch=5)
+        assert calls == 4 and events == ["restore", "barrier", "call", "barrier"] * 4, op

@@ -1,6 +1,7 @@
 """What the bench runs: for each message size, each algorithm checked against MPI, then timed."""
 from dataclasses import asdict, dataclass
-from typing import Callable, Dict, List, Optional, Sequence
+from time import perf_counter
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -11,7 +12,7 @@ from ..algorithms.mpi import MPI_OPS
 from ..collective import allreduce
 from ..comm import library_comm
 from .. import online, selection
-from .timing import time_calls
+from .timing import batch_for, time_calls
 
 
 @dataclass
@@ -90,11 +91,9 @@ def sweep(comm: MPI.Intracomm, sizes: Sequence[int], dtype: np.dtype, op: str, a
             restore()
             call()  # the first call compiles or loads kernels and allocates scratch: untimed
             wrong[name] = int(np.count_nonzero(buf != expected))
-            while name == "auto" and online.exploring(lib, size):  # auto's exploration ends before its warm-up
-                restore()
-                call()
-                explored += 1
-                wrong[name] += int(np.count_nonzero(buf != expected))
+            if name == "auto":  # auto's exploration ends before its warm-up
+                explored, more = explore(comm, lib, size, call, buf, restore, expected, op, batch)
+                wrong[name] += more
         wrong = dict(zip(algorithms, comm.allreduce(np.array([wrong[n] for n in algorithms]), op=MPI.SUM).tolist()))
         times, batches = time_calls(timed, restore, comm, samples, warmup, batch)
         for name in algorithms:
@@ -110,6 +109,79 @@ def sweep(comm: MPI.Intracomm, sizes: Sequence[int], dtype: np.dtype, op: str, a
                 on_row(row)
         del x, expected, buf
     return rows
+
+
+def explore(comm: MPI.Intracomm, lib, size: int, call: Callable[[], object], buf: np.ndarray,
+            restore: Callable[[], object], expected: np.ndarray, op: str, batch: int) -> Tuple[int, int]:
+    """Run ``auto``'s exploring calls at ``size`` (online tuning) until it settles; return how
+    many ran and the elements they got wrong (this rank's, summed over its checks).
+
+    The calls run as the timed samples (``timing.time_calls``) will run its choice, so that the
+    candidates are timed as the samples time them: in runs of as many calls as a sample takes
+    (``batch``, else ``timing.batch_for`` the pace of the first call, the slowest rank's), each
+    run on a freshly restored input (where ranks read each other's buffers, a call can cost
+    more when its input was just written), with nothing but the calls between two barriers
+    (a rank's checks or restores, on a shared core, would be timed in the others' calls).
+
+    Every call is checked, after its run: the first call of a run reduces the restored input,
+    each later one a result every rank holds alike, exactly (``again``), so the run's last result
+    must be what MPI's result becomes after its calls, and a wrong value in any call of the run
+    is carried into it (a sum adds it in, a product multiplies it in). Where a wrong value might
+    not be carried (max, min) or a value may round (a mean, or past the dtype's exact
+    integers), runs are shorter, down to one call."""
+    calls = wrong = 0
+    run = exact_calls(expected, op, comm.Get_size(), batch) if batch else 0  # 0: set by the first call's pace
+    while online.exploring(lib, size):
+        restore()
+        comm.Barrier()
+        made = 0
+        for _ in range(run or 1):
+            start = perf_counter()
+            call()
+            took = perf_counter() - start
+            made += 1
+            if not online.exploring(lib, size):
+                break
+        comm.Barrier()
+        calls += made
+        wrong += int(np.count_nonzero(buf != carried(expected, op, comm.Get_size(), made)))
+        if not run:
+            run = exact_calls(expected, op, comm.Get_size(), batch_for(comm.allreduce(took, op=MPI.MAX)))
+    return calls, wrong
+
+
+def again(result: np.ndarray, op: str, p: int) -> Optional[np.ndarray]:
+    """What an allreduce over ``p`` ranks makes of ``result`` held alike on every rank, where every
+    order of folding gives it exactly and a wrong value on one rank would change it; else ``None``
+    (a mean, which may round; max and min, where a wrong value may be folded away; values past
+    the dtype's exact integers)."""
+    if op not in ("sum", "prod"):
+        return None
+    limit = 2.0 ** (np.finfo(result.dtype).nmant + 1) if result.dtype.kind == "f" else float(np.iinfo(result.dtype).max)
+    largest = float(np.abs(result.astype(np.float64)).max(initial=0.0))
+    if (largest ** p if op == "prod" else largest * p) > limit:
+        return None
+    return result ** p if op == "prod" else result * result.dtype.type(p)
+
+
+def exact_calls(expected: np.ndarray, op: str, p: int, most: int) -> int:
+    """How many calls in a row, 1 to ``most``, ``explore`` runs on a restored input: as long as
+    each later call's result is known exactly (``again``)."""
+    calls, now = 1, expected
+    while calls < most:
+        now = again(now, op, p)
+        if now is None:
+            break
+        calls += 1
+    return calls
+
+
+def carried(expected: np.ndarray, op: str, p: int, calls: int) -> np.ndarray:
+    """The result of ``calls`` calls in a row on the restored input whose first gives ``expected``."""
+    now = expected
+    for _ in range(calls - 1):
+        now = again(now, op, p)
+    return now
 
 
 def available() -> List[str]:

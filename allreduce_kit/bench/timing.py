@@ -32,6 +32,11 @@ SAMPLE_SECONDS = 1e-3
 MAX_BATCH = 64
 
 
+def batch_for(pace: float) -> int:
+    """Calls per sample for calls of ``pace`` seconds: as many as fit in ``SAMPLE_SECONDS``, 1 to ``MAX_BATCH``."""
+    return int(max(1, min(MAX_BATCH, SAMPLE_SECONDS / max(pace, 1e-9))))
+
+
 def time_calls(calls: Dict[str, Callable[[], object]], restore: Callable[[], object], comm: MPI.Intracomm,
                samples: int, warmup: int, batch: int = 0) -> Tuple[Dict[str, np.ndarray], Dict[str, int]]:
     """Seconds per call for each sample of each call (the slowest rank's, the same on every
@@ -44,7 +49,7 @@ def time_calls(calls: Dict[str, Callable[[], object]], restore: Callable[[], obj
             call()
             paces[j] = min(paces[j], perf_counter() - start)
     comm.Allreduce(MPI.IN_PLACE, paces, op=MPI.MAX)
-    common = batch if batch > 0 else int(max(1, min(MAX_BATCH, SAMPLE_SECONDS / max(paces.min(), 1e-9))))
+    common = batch if batch > 0 else batch_for(paces.min())
     batches = [common] * len(calls)
     times = np.empty((len(calls), samples))
     functions = list(calls.values())
