@@ -10,7 +10,9 @@ they measured), the first calls of a class on a communicator explore:
    what cannot win where the ranks read each other's buffers (``DOMINATED_WITH_DIRECT``);
 2. the calls take turns by candidate: ``block`` calls in a row each, one untimed round (the first
    call of an algorithm allocates its window or scratch) and then ``ROUNDS`` timed rounds, each
-   round in a rotated order; every rank times its own calls (``perf_counter``);
+   round in a rotated order; every rank times its own calls (``perf_counter``), all but the
+   first of each turn of several (it inherits the caches and the ranks' skew another candidate
+   left: a winner runs after itself);
 3. on the last exploring call one ``Allreduce`` (MAX over ranks of each candidate's median time
    per call) gives every rank the same figures, and so the same winner, which runs from then on:
    the fastest, unless the table's choice is within ``PRIOR_MARGIN`` of it.
@@ -227,9 +229,10 @@ class Tuner:
             c.took += 1
             if rnd:  # round 0 is untimed
                 c.elapsed += elapsed
-                c.pending += elapsed
+                if within or c.block == 1:  # a turn's first call inherits what another candidate left: untimed
+                    c.pending += elapsed
                 if within == c.block - 1:
-                    c.samples[index].append(c.pending / c.block)
+                    c.samples[index].append(c.pending / max(1, c.block - 1))
                     c.pending = 0.0
             if c.calls == c.exploration_calls:
                 self._agree_on_winner(lib, c)
