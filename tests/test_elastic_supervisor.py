@@ -305,9 +305,20 @@ def test_bad_supervisor_options_exit_2_with_one_message(args, message, tmp_path)
 
 def test_ranks_found_dead_together_are_told_apart_by_what_mpiexec_names():
     """When a look finds several ranks dead at once (the launcher ended the others before the
-    look), the first is the one MPICH's mpiexec names as the bad termination; a launcher that
-    names none of them leaves it unknown."""
+    look), the first is the one MPICH's mpiexec names as the bad termination, however late the
+    line comes while the launcher runs; a launcher that names none of them leaves it unknown,
+    known as soon as it has ended and all it printed is read."""
+    import threading
+    import time
+
+    class Launcher:
+        code = None
+
+        def poll(self):
+            return self.code
+
     job = object.__new__(elastic.Job)
+    job.proc, job.readers = Launcher(), []
     job.text = ["epoch  2/10  loss 0.58\n", "\n", "=" * 83 + "\n",
                 "=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n", "=   PID 4242 RUNNING AT vm\n",
                 "=   EXIT CODE: 9\n"]
@@ -315,3 +326,10 @@ def test_ranks_found_dead_together_are_told_apart_by_what_mpiexec_names():
     assert job._named_by_launcher([4241, 4243], wait=0) is None
     job.text = ["nothing from the launcher\n"]
     assert job._named_by_launcher([4241, 4242], wait=0.05) is None
+    late = threading.Timer(0.3, lambda: job.text.append("=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n"
+                                                        "=   PID 4241 RUNNING AT vm\n"))
+    late.start()
+    assert job._named_by_launcher([4241, 4242], wait=10) == 4241, "the line came 0.3 s late, the launcher running"
+    job.text, job.proc.code = ["nothing from the launcher\n"], 0
+    start = time.monotonic()
+    assert job._named_by_launcher([4241, 4242], wait=10) is None and time.monotonic() - start < 1, "ended, all read"

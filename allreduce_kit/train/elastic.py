@@ -311,7 +311,7 @@ class Job:
                 self.first_dead = (dead[0], time.monotonic(), step)
             elif dead:                         # seen too late to tell which went first, unless the launcher says
                 when = time.monotonic()
-                self.first_dead = (self._named_by_launcher(dead), when, step)
+                self.first_dead = (self._named_by_launcher(dead, 1.0 if self.srun else 30.0), when, step)
             if self.first_dead is None:
                 self.silent, self.silent_since = beats.silent()
                 self.silent_step = step
@@ -327,16 +327,18 @@ class Job:
                      f"the death")
         return first
 
-    def _named_by_launcher(self, dead: List[int], wait: float = 1.0) -> Optional[int]:
+    def _named_by_launcher(self, dead: List[int], wait: float = 30.0) -> Optional[int]:
         """The one of ``dead`` that MPICH's ``mpiexec`` names as the first bad termination
-        (``HYDRA_DEATH``; it says so before it ends the others), waiting up to ``wait`` seconds for
-        that line; None if it names none of them (another launcher, or a rank elsewhere)."""
+        (``HYDRA_DEATH``; it says so before it ends), waiting for that line until the launcher
+        has ended and all it printed is read, at most ``wait`` seconds; None if it names none of
+        them (another launcher, or a rank elsewhere)."""
         until = time.monotonic() + wait
         while True:
+            said_all = self.proc.poll() is not None and not any(reader.is_alive() for reader in self.readers)
             found = HYDRA_DEATH.search("".join(self.text))
             if found and int(found.group(1)) in dead:
                 return int(found.group(1))
-            if found or time.monotonic() > until:
+            if found or said_all or time.monotonic() > until:
                 return None
             time.sleep(0.01)
 
