@@ -122,7 +122,7 @@ class Repeat:
     Kept per buffer and algorithm, so that calls that take turns on one buffer with different
     algorithms (as the bench does) each stay on the short path.
 
-    Kept, in ``COMM_WORLD``'s ``LibraryComm.repeats``, only for a plain 1-D C-contiguous buffer
+    Kept, in ``COMM_WORLD``'s ``LibraryComm.repeats`` (the one used last also in ``LAST``), only for a plain 1-D C-contiguous buffer
     without ``check`` or ``stall_timeout``, and only where the algorithm that ran cannot change
     on the next call: a named one, ``auto``'s fixed choice, or ``auto``'s settled winner while
     its size class is quiet (``online``). A repeated call still checks everything that could
@@ -130,13 +130,14 @@ class Repeat:
     flags, and that ``auto``'s class is still quiet with the same winner; anything else takes
     the full path, which then keeps the new call."""
 
-    __slots__ = ("ref", "shape", "dtype", "op", "reduction", "algorithm", "settled", "winner", "fn", "kernel",
-                 "address", "code", "divisor", "watched")
+    __slots__ = ("lib", "watch", "ref", "shape", "dtype", "op", "reduction", "algorithm", "settled", "winner", "fn",
+                 "kernel", "address", "code", "divisor", "watched")
 
     #: Calls (buffer and algorithm) remembered per communicator; all are forgotten when one more comes.
     SIZE = 16
 
     def __init__(self, lib, buf: np.ndarray, op, name: str, algorithm: str, settled, winner: str):
+        self.lib, self.watch = lib, lib.watch
         self.ref = weakref.ref(buf)
         self.shape, self.dtype = buf.shape, buf.dtype
         self.op, self.reduction, self.algorithm = op, lib.reductions[name], algorithm
@@ -154,7 +155,7 @@ class Repeat:
         that it was seen (a loop over many buffers pays no more than that); a later one keeps the call."""
         key = (id(buf), algorithm)
         if key in lib.repeats:
-            lib.repeats[key] = lib.last_repeat = Repeat(lib, buf, op, name, algorithm, settled, winner)
+            lib.repeats[key] = LAST[0] = Repeat(lib, buf, op, name, algorithm, settled, winner)
             return
         if len(lib.repeats) >= Repeat.SIZE:
             lib.repeats.clear()
@@ -162,12 +163,17 @@ class Repeat:
 
     @staticmethod
     def find(lib, buf: np.ndarray, algorithm: str) -> Optional["Repeat"]:
-        """The call kept for ``buf`` and ``algorithm`` (then also ``lib.last_repeat``), or ``None``."""
+        """The call kept for ``buf`` and ``algorithm`` (then also ``LAST[0]``), or ``None``."""
         again = lib.repeats.get((id(buf), algorithm))
         if again is None or again.ref() is not buf or again.algorithm is not algorithm:
             return None
-        lib.last_repeat = again
+        LAST[0] = again
         return again
+
+
+#: ``[the Repeat used last]`` on ``COMM_WORLD`` (or ``None``): a loop over one buffer finds it
+#: without a lookup (a module's list, read faster than an attribute of the communicator).
+LAST: list = [None]
 
 
 def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
@@ -189,25 +195,24 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
     ``allreduce_kit.stall``; 0 turns it off), the ranks that are waiting print which ranks have
     not arrived and the job is aborted.
     """
-    if check is None and stall_timeout is None and _world and (comm is None or comm is _COMM_WORLD):
-        lib = _world[0]
-        again = lib.last_repeat
+    if check is None and stall_timeout is None and (comm is None or comm is _COMM_WORLD):
+        again = LAST[0]
         if again is None or again.ref() is not buf or again.algorithm is not algorithm:
-            again = Repeat.find(lib, buf, algorithm)
+            again = Repeat.find(_world[0], buf, algorithm) if _world else None
         if (again is not None and op is again.op and buf.shape == again.shape and buf.dtype is again.dtype
                 and buf.flags.carray):
             settled = again.settled
             if settled is None or (settled.quiet and settled.winner is again.winner):
                 if settled is not None:
                     settled.quiet -= 1
-                lib.watch.calls += 1
+                again.watch.calls += 1
                 INSPECTOR.current = again.watched
                 try:
                     kernel = again.kernel
                     if kernel is None:  # set only where the reduction has a compiled kernel
-                        again.fn(lib, buf, again.reduction)
+                        again.fn(again.lib, buf, again.reduction)
                     elif kernel(buf, again.address, again.code, again.divisor) != 0:
-                        raise mismatch(lib, buf, "shared_memory")
+                        raise mismatch(again.lib, buf, "shared_memory")
                 finally:
                     INSPECTOR.current = None
                 return buf

@@ -50,8 +50,6 @@ class LibraryComm(MPI.Intracomm):
         #: ``(id(buf), algorithm)`` -> how ``allreduce`` reduced that buffer with that algorithm
         #: last time, for the same call again (``collective.Repeat``).
         self.repeats: Dict[tuple, object] = {}
-        #: The entry of ``repeats`` used last: a loop over one buffer finds it without a lookup.
-        self.last_repeat: Optional[object] = None
         self._scratch: Dict[int, np.ndarray] = {}
         self._views: Dict[tuple, np.ndarray] = {}
         self.watch = INSPECTOR.watch(self)

@@ -139,6 +139,7 @@ def _without_the_loop(buf, planned):
     from mpi4py import MPI
     from numba import njit, types
 
+    from allreduce_kit import collective
     from allreduce_kit.algorithms import shared_memory
     from allreduce_kit.comm import library_comm
 
@@ -154,7 +155,7 @@ def _without_the_loop(buf, planned):
     shared_memory._ENTRIES[buf.dtype] = planned._kernel = entry
     world = library_comm(MPI.COMM_WORLD)
     world.repeats.clear()  # allreduce keeps its call again, with the no-op, from its second call on
-    world.last_repeat = None
+    collective.LAST[0] = None
     address = planned._address
     return lambda: entry(buf, address, 0, 0)
 
