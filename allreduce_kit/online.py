@@ -22,8 +22,8 @@ schedule is a pure function of how many calls of the class the communicator has 
 are collective, so every rank runs the same algorithm on the same call.
 
 **Cost**: ``len(candidates) * (ROUNDS + 1) * block`` calls per class (``exploration_calls``:
-80 below 16 KiB, 60 from 16 KiB, 45 from 64 KiB, 20 from 1 MiB, 10 with direct transfers), each no
-slower than the slowest candidate; then one ``Allreduce`` of a few doubles. If those calls took
+80 below 16 KiB, 60 from 16 KiB, 45 from 64 KiB, 20 from 1 MiB, 10 with direct transfers),
+each no slower than the slowest candidate; then one ``Allreduce`` of a few doubles. If those calls took
 less than ``MIN_EXPLORE_SECONDS`` on the slowest rank, ``ROUNDS`` more rounds follow (and another
 ``Allreduce``), up to ``MAX_EXTENSIONS`` times: at most ``len(candidates) * (1 + ROUNDS * 16) *
 block`` calls (1040 below 16 KiB, 780 from 16 KiB, 585 from 64 KiB), and only where calls are so
@@ -51,7 +51,8 @@ import numpy as np
 from mpi4py import MPI
 
 from . import config, selection
-from .algorithms import ALGORITHMS, direct
+from .algorithms import ALGORITHMS
+from .algorithms.direct import peers_for
 
 #: ``(from bytes, candidates, calls per timed turn)``: the short list tried from each size on,
 #: besides the table's own choice. Small messages take turns in blocks of calls, so a turn is
@@ -199,7 +200,8 @@ class Tuner:
             low = size_class(nbytes)
             found = self.classes.get(low)
             if found is None:
-                found = self.classes[low] = SizeClass(low, *candidates_for(nbytes, self.auto.choose(nbytes), self.direct))
+                found = self.classes[low] = SizeClass(
+                    low, *candidates_for(nbytes, self.auto.choose(nbytes), self.direct))
         if len(self.by_nbytes) < MEMO_SIZES:
             self.by_nbytes[nbytes] = found
         return found
@@ -343,7 +345,7 @@ def _make(lib) -> Optional[Tuner]:
     mode, path = decided
     if mode == "off":
         return None
-    transfers = direct.peers_for(lib) is not None and lib.reductions["sum"].code is not None  # collective
+    transfers = peers_for(lib) is not None and lib.reductions["sum"].code is not None  # collective
     auto.online = Tuner(lib, auto, mode, path, transfers)
     return auto.online
 

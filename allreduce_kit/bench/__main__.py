@@ -273,7 +273,8 @@ def preamble(comm: MPI.Intracomm, args, threads: int, auto_source: str, tuning: 
     if "auto" in args.names:
         say(f"# auto tunes online: {tuning} ({config.ONLINE_TUNING.name}); " + (
             "at each size auto's exploring calls (every one checked) run before its warm-up, in runs as long as "
-            "a sample's, each on a restored input, so its row times the choice it settled on" if tuning != "off" else "its row times the table's choice"))
+            "a sample's, each on a restored input, so its row times the choice it settled on" if tuning != "off"
+            else "its row times the table's choice"))
     layout = library_comm(comm).layout
     link = network.link_bandwidth(layout, args.link_gbps)
     info.update(nodes=layout.nodes, node_hosts=list(layout.hosts), ranks_per_node=list(layout.ranks_per_node),

@@ -157,7 +157,8 @@ def again(result: np.ndarray, op: str, p: int) -> Optional[np.ndarray]:
     the dtype's exact integers)."""
     if op not in ("sum", "prod"):
         return None
-    limit = 2.0 ** (np.finfo(result.dtype).nmant + 1) if result.dtype.kind == "f" else float(np.iinfo(result.dtype).max)
+    kind = result.dtype
+    limit = 2.0 ** (np.finfo(kind).nmant + 1) if kind.kind == "f" else float(np.iinfo(kind).max)
     largest = float(np.abs(result.astype(np.float64)).max(initial=0.0))
     if (largest ** p if op == "prod" else largest * p) > limit:
         return None
