@@ -118,7 +118,7 @@ def test_a_result_reduced_again_is_predicted_only_where_exact_and_an_error_would
     so that the input is restored first."""
     import numpy as np
 
-    from allreduce_kit.bench.sweep import again, exact_calls
+    from allreduce_kit.bench.sweep import again, results_in_a_row
 
     r = np.array([-3, 0, 5], np.float32)
     assert np.array_equal(again(r, "sum", 3), r * 3) and again(r, "sum", 3).dtype == np.float32
@@ -129,8 +129,9 @@ def test_a_result_reduced_again_is_predicted_only_where_exact_and_an_error_would
     assert again(np.array([2.0 ** 23], np.float32), "sum", 3) is None, "past float32's exact integers"
     assert again(np.array([2 ** 30], np.int32), "sum", 2) is None, "past int32"
     assert again(np.array([2.0 ** 30], np.float64), "sum", 8) is not None
-    assert exact_calls(np.array([32.0], np.float32), "sum", 8, 64) == 7, "32 * 8**6 = 2**23; once more is past 2**24"
-    assert exact_calls(r, "max", 8, 64) == 1 and exact_calls(r, "sum", 2, 5) == 5
+    big = np.array([32.0], np.float32)
+    assert len(results_in_a_row(big, "sum", 8, 64)) == 7, "32 * 8**6 = 2**23; once more is past 2**24"
+    assert len(results_in_a_row(r, "max", 8, 64)) == 1 and len(results_in_a_row(r, "sum", 2, 5)) == 5
 
 
 def test_exploring_calls_run_as_the_samples_do_and_each_is_checked(monkeypatch):

@@ -129,13 +129,15 @@ def explore(comm: MPI.Intracomm, lib, size: int, call: Callable[[], object], buf
     is carried into it (a sum adds it in, a product multiplies it in). Where a wrong value might
     not be carried (max, min) or a value may round (a mean, or past the dtype's exact
     integers), runs are shorter, down to one call."""
+    p = comm.Get_size()
     calls = wrong = 0
-    run = exact_calls(expected, op, comm.Get_size(), batch) if batch else 0  # 0: set by the first call's pace
+    paced = batch > 0
+    chain = results_in_a_row(expected, op, p, batch) if paced else [expected]  # the first run, one call, sets the pace
     while online.exploring(lib, size):
         restore()
         comm.Barrier()
         made = 0
-        for _ in range(run or 1):
+        for _ in range(len(chain)):
             start = perf_counter()
             call()
             took = perf_counter() - start
@@ -144,9 +146,9 @@ def explore(comm: MPI.Intracomm, lib, size: int, call: Callable[[], object], buf
                 break
         comm.Barrier()
         calls += made
-        wrong += int(np.count_nonzero(buf != carried(expected, op, comm.Get_size(), made)))
-        if not run:
-            run = exact_calls(expected, op, comm.Get_size(), batch_for(comm.allreduce(took, op=MPI.MAX)))
+        wrong += int(np.count_nonzero(buf != chain[made - 1]))
+        if not paced:
+            chain, paced = results_in_a_row(expected, op, p, batch_for(comm.allreduce(took, op=MPI.MAX))), True
     return calls, wrong
 
 
@@ -165,24 +167,17 @@ def again(result: np.ndarray, op: str, p: int) -> Optional[np.ndarray]:
     return result ** p if op == "prod" else result * result.dtype.type(p)
 
 
-def exact_calls(expected: np.ndarray, op: str, p: int, most: int) -> int:
-    """How many calls in a row, 1 to ``most``, ``explore`` runs on a restored input: as long as
-    each later call's result is known exactly (``again``)."""
-    calls, now = 1, expected
-    while calls < most:
-        now = again(now, op, p)
-        if now is None:
+def results_in_a_row(expected: np.ndarray, op: str, p: int, most: int) -> List[np.ndarray]:
+    """What each of 1 to ``most`` calls in a row on the restored input gives (the first gives
+    ``expected``), as far as each later call's result is known exactly (``again``): the length
+    of ``explore``'s runs, and what the last call of a run must give."""
+    chain = [expected]
+    while len(chain) < most:
+        following = again(chain[-1], op, p)
+        if following is None:
             break
-        calls += 1
-    return calls
-
-
-def carried(expected: np.ndarray, op: str, p: int, calls: int) -> np.ndarray:
-    """The result of ``calls`` calls in a row on the restored input whose first gives ``expected``."""
-    now = expected
-    for _ in range(calls - 1):
-        now = again(now, op, p)
-    return now
+        chain.append(following)
+    return chain
 
 
 def available() -> List[str]:
