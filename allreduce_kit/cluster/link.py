@@ -13,9 +13,10 @@ enough for several TCP flows to share the link without losing packets to a short
 
 Every packet between two nodes passes two buckets at the same rate: the sender's way out and the
 receiver's way in. A link in hardware sends from its queue at the rate whatever the CPUs do; a
-bucket is emptied by the kernel, on CPUs the ranks keep busy, so its packets leave late and then
-in a clump. Meanwhile the second bucket fills up and, once full, loses the time it could have
-sent in. The burst is how late a bucket may be without losing link time: with four nodes each
+bucket is emptied by the kernel, on CPUs the ranks keep busy, so it often sends late. While it is
+late its tokens pile up, but only to the burst: beyond that, the time it could have sent in is
+lost; and the clump it sends then does the same to the receiver's bucket, which has been idle
+meanwhile. The burst is how late a bucket may be without losing link time: with four nodes each
 sending to the next at 250 Mbit/s (TCP alone, nothing else running), the slowest link carried
 55-90% of the rate with a burst of 2 ms, 93-95% with 4 ms. The price: a link left idle gets up
 to the burst's time back as a faster send afterwards, at most the burst's bytes per idle period.
