@@ -28,8 +28,10 @@ at the 21 KiB the plain model gives; docs/multinode.md).
 
 Below that, with several ranks on a node, ``auto`` runs MPI's own ``Allreduce``: for short
 messages MPICH's is node-aware itself (shared memory inside the node, one message per node across),
-which a flat exchange by messages is not; measured there it is as fast or faster than
-``recursive_doubling`` from 8 B to 256 KiB. Placement (block or round-robin) does not change the
+which a flat exchange by messages is not; measured at 2 nodes x 4 ranks it is as fast or faster
+than ``recursive_doubling`` from 8 B to 256 KiB. It is not everywhere: at 4 nodes x 2 ranks
+``tree`` and ``recursive_doubling`` took 0.63x-0.82x its time from 32 B to 512 B
+(docs/multinode.md). Placement (block or round-robin) does not change the
 choice: ``hierarchical``'s traffic is the same either way, and the flat exchange's is at best what
 the model assumes (docs/multinode.md).
 """
