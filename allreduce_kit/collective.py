@@ -124,11 +124,11 @@ class Repeat:
 
     Kept, in ``COMM_WORLD``'s ``LibraryComm.repeats`` (the one used last also in ``LAST``), only
     for a plain 1-D C-contiguous buffer without ``check`` or ``stall_timeout``, and only where the
-    algorithm that ran cannot change on the next call: a named one, ``auto``'s fixed choice, or ``auto``'s settled winner while
-    its size class is quiet (``online``). A repeated call still checks everything that could
-    have changed since: that the buffer is the same object with the same shape, dtype and
-    flags, and that ``auto``'s class is still quiet with the same winner; anything else takes
-    the full path, which then keeps the new call."""
+    algorithm that ran cannot change on the next call: a named one, ``auto``'s fixed choice, or
+    ``auto``'s settled winner while its size class is quiet (``online``). A repeated call still
+    checks everything that could have changed since: that the buffer is the same object with the
+    same shape, dtype and flags, and that ``auto``'s class is still quiet with the same winner;
+    anything else takes the full path, which then keeps the new call."""
 
     __slots__ = ("lib", "watch", "ref", "shape", "dtype", "op", "reduction", "algorithm", "settled", "winner", "fn",
                  "kernel", "address", "code", "divisor", "watched")

@@ -6,10 +6,10 @@
 Times back-to-back calls of MPI's own ``Allreduce`` (sum, in place, float32) with nothing
 between them, then with a Python loop of 10, 40 and 160 steps before each call, and, beside
 them, ``allreduce(buf, algorithm="mpi")`` (the same MPI call behind this package's per-call
-path) and ``allreduce(buf)`` (``auto``, with whatever it runs there). Every way runs ``--calls`` calls after a barrier and a
-warm-up, in an order that rotates between the ``--rounds`` rounds; a round's figure is the
-slowest rank's mean time per call. Prints each way's median over the rounds, its range, and
-the time over the bare calls'.
+path) and ``allreduce(buf)`` (``auto``, with whatever it runs there). Every way runs
+``--calls`` calls after a barrier and a warm-up, in an order that rotates between the
+``--rounds`` rounds; a round's figure is the slowest rank's mean time per call. Prints each
+way's median over the rounds, its range, and the time over the bare calls'.
 """
 import statistics
 import time
@@ -77,7 +77,8 @@ def main() -> None:
             times[name].append(world.allreduce((time.perf_counter() - start) / args.calls, op=MPI.MAX))
     if world.rank == 0:
         base = statistics.median(times["Allreduce"])
-        print(f"{world.size} ranks, {args.bytes} B: slowest rank's mean us per call, median of {args.rounds} rounds [range]")
+        print(f"{world.size} ranks, {args.bytes} B: slowest rank's mean us per call, "
+              f"median of {args.rounds} rounds [range]")
         for name in names:
             m = statistics.median(times[name])
             print(f"  {name:45s} {m * 1e6:9.1f} us  [{min(times[name]) * 1e6:.1f}, {max(times[name]) * 1e6:.1f}]"
