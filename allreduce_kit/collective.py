@@ -244,7 +244,7 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
             return buf
         runs, settled = algorithm, None
         if algorithm == "auto":
-            fixed = lib.fixed_choices.get(array.nbytes)  # online tuning off, or across nodes
+            fixed = lib.fixed_choices.get(array.nbytes)  # online tuning off
             if fixed is not None:
                 runs = fixed
             else:

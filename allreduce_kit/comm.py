@@ -44,8 +44,8 @@ class LibraryComm(MPI.Intracomm):
         #: type -> the instance an algorithm or transport attached (``attach``); ``None`` where
         #: it found it cannot be used on this communicator.
         self.state: Dict[type, object] = {}
-        #: ``auto``'s choice by message size where it cannot change (online tuning off, or a
-        #: communicator across nodes): the first thing ``allreduce`` reads for ``auto``.
+        #: ``auto``'s choice by message size where it cannot change (online tuning off): the
+        #: first thing ``allreduce`` reads for ``auto``.
         self.fixed_choices: Dict[int, str] = {}
         #: ``(id(buf), algorithm)`` -> how ``allreduce`` reduced that buffer with that algorithm
         #: last time, for the same call again (``collective.Repeat``).

@@ -26,17 +26,21 @@ cost is ``OVERSUBSCRIBED`` times larger (measured on the 2-core development mach
 ranks at 250 Mbit/s: ``hierarchical`` overtakes the flat exchange between 64 KiB and 256 KiB, not
 at the 21 KiB the plain model gives; docs/multinode.md).
 
-Below that, with several ranks on a node, ``auto`` runs MPI's own ``Allreduce``: for short
-messages MPICH's is node-aware itself (shared memory inside the node, one message per node across),
-which a flat exchange by messages is not; measured at 2 nodes x 4 ranks it is as fast or faster
-than ``recursive_doubling`` from 8 B to 256 KiB. It is not everywhere: at 4 nodes x 2 ranks
-``tree`` and ``recursive_doubling`` took 0.63x-0.82x its time from 32 B to 512 B
-(docs/multinode.md). Placement (block or round-robin) does not change the
-choice: ``hierarchical``'s traffic is the same either way, and the flat exchange's is at best what
-the model assumes (docs/multinode.md).
+Below that, with several ranks on a node, the model's choice is MPI's own ``Allreduce``: for
+short messages MPICH's is node-aware itself (shared memory inside the node, one message per node
+across), which a flat exchange by messages is not; measured at 2 nodes x 4 ranks it is as fast or
+faster than ``recursive_doubling`` from 8 B to 256 KiB. It is not everywhere: at 4 nodes x 2 ranks
+``tree`` and ``recursive_doubling`` took 0.63x-0.82x its time from 32 B to 512 B, and the model has
+no term that tells the two layouts apart (docs/multinode.md). So below ``tuned_below`` (where the
+fixed cost of a round, not the link's bytes, decides) online tuning times the model's choice
+against ``CANDIDATES`` on the first calls of each size class and keeps the fastest (``online.py``);
+from there on the model decides alone (exploring the flat exchange there would send many times the
+bytes the link must carry, for seconds per call at 64 MiB). Placement (block or round-robin) does
+not change the model's choice: ``hierarchical``'s traffic is the same either way, and the flat
+exchange's is at best what the model assumes (docs/multinode.md).
 """
 import math
-from typing import Dict
+from typing import Dict, Optional
 
 from .topology import Topology
 
@@ -44,6 +48,10 @@ from .topology import Topology
 LATENCY_BYTES = 64 << 10
 #: How much more ``hierarchical``'s fixed cost is when ranks share cores.
 OVERSUBSCRIBED = 8
+#: What online tuning times besides the model's choice below ``tuned_below``: the algorithms
+#: with the fewest rounds (MPI's own, node-aware for short messages; the flat exchanges by
+#: messages with lg P rounds).
+CANDIDATES = ("mpi", "recursive_doubling", "tree")
 
 
 def choose(layout: Topology, nbytes: int) -> str:
@@ -64,20 +72,33 @@ def crossover(layout: Topology) -> int:
     return max(1, int(fixed / (math.log2(layout.nodes) * (per_node - 1))))
 
 
+def tuned_below(layout: Topology) -> int:
+    """The smallest message, in bytes, whose choice online tuning leaves to the model: where the
+    model changes to the algorithm that moves the fewest bytes over the link."""
+    return crossover(layout) if max(layout.ranks_per_node) > 1 else LATENCY_BYTES
+
+
 class NodeAware:
     """``auto`` on a communicator that spans nodes, as ``selection.Auto`` is on one node:
-    the choices made so far (``choices``, read first by ``allreduce``), and where they come from."""
+    the choices made so far (``choices``, read first by ``allreduce``), where they come from,
+    the online tuner that refines them below ``tuned_below`` (if online tuning is on) and what
+    it saved in the tuning file."""
 
-    __slots__ = ("layout", "choices", "source")
-    #: Online tuning refines the one-node table only; across nodes this model decides.
-    online = None
+    __slots__ = ("layout", "choices", "source", "online", "saved", "below")
 
-    def __init__(self, layout: Topology):
+    def __init__(self, layout: Topology, saved: Optional[dict] = None):
         self.layout = layout
         self.choices: Dict[int, str] = {}
+        self.online = None
+        self.saved: dict = dict(saved or {})
+        self.below = tuned_below(layout)
         self.source = (f"node-aware cost model ({layout.nodes} nodes, {max(layout.ranks_per_node)} ranks per node "
                        f"at most; hierarchical from {crossover(layout)} B)" if max(layout.ranks_per_node) > 1 else
                        f"node-aware cost model ({layout.nodes} nodes, 1 rank per node; ring from {LATENCY_BYTES} B)")
 
     def choose(self, nbytes: int) -> str:
         return choose(self.layout, nbytes)
+
+    def untimed(self, nbytes: int) -> bool:
+        """The model's choice for ``nbytes`` stands without online tuning."""
+        return nbytes >= self.below

@@ -2,12 +2,13 @@
 class, agree across ranks, keep the fastest, and look again when its time drifts.
 
 A size class is a power-of-two range of message sizes (``2**k`` to ``2**(k+1) - 1`` bytes).
-On one node (across nodes the node-aware cost model of ``multinode.py`` decides), wherever the
-built-in table would choose (a tuning file's rules are followed as written where
-they measured), the first calls of a class on a communicator explore:
+On one node wherever the built-in table would choose (a tuning file's rules are followed as
+written where they measured), and across nodes below ``multinode.tuned_below`` (from there the
+node-aware cost model decides alone), the first calls of a class on a communicator explore:
 
-1. the candidates are the table's choice and a short list for the size (``CANDIDATES``), less
-   what cannot win where the ranks read each other's buffers (``DOMINATED_WITH_DIRECT``);
+1. the candidates are the table's (or the model's) choice and a short list for the size: on one
+   node ``CANDIDATES``, less what cannot win where the ranks read each other's buffers
+   (``DOMINATED_WITH_DIRECT``); across nodes ``multinode.CANDIDATES``;
 2. the calls take turns by candidate: ``block`` calls in a row each, one untimed round (the first
    call of an algorithm allocates its window or scratch) and then ``ROUNDS`` timed rounds, each
    round in a rotated order; every rank times its own calls (``perf_counter``), all but the
@@ -50,7 +51,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from . import config, selection
+from . import config, multinode, selection
 from .algorithms import ALGORITHMS
 from .algorithms.direct import peers_for
 
@@ -100,14 +101,18 @@ def size_class(nbytes: int) -> int:
     return 1 << (nbytes.bit_length() - 1) if nbytes > 0 else 0
 
 
-def candidates_for(nbytes: int, prior: str, direct: bool = False) -> Tuple[Tuple[str, ...], int]:
+def candidates_for(nbytes: int, prior: str, direct: bool = False,
+                   across: Optional[Tuple[str, ...]] = None) -> Tuple[Tuple[str, ...], int]:
     """The algorithms explored for ``nbytes`` (the table's choice ``prior`` first) and the calls
     per timed turn; ``direct``: the ranks transfer directly, so ``DOMINATED_WITH_DIRECT`` are
-    left out."""
+    left out; ``across``: the list tried across nodes, in place of ``CANDIDATES``' (the turns
+    stay as long)."""
     listed, block = CANDIDATES[0][1], CANDIDATES[0][2]
     for start, names, turn in CANDIDATES:
         if nbytes >= start:
             listed, block = names, turn
+    if across is not None:
+        listed = across
     if direct and nbytes >= DOMINATED_FROM:
         listed = tuple(n for n in listed if n not in DOMINATED_WITH_DIRECT)
     names = tuple(n for n in dict.fromkeys((prior,) + listed) if n in ALGORITHMS)
@@ -172,6 +177,8 @@ class Tuner:
         #: The ranks read and write each other's buffers with the compiled kernels, so the
         #: algorithms that can (``two_shot``, ``ring``, ``rabenseifner``) do (``candidates_for``).
         self.direct = direct
+        #: The list tried across nodes (``None`` on one node).
+        self.across = None if lib.layout.single_node else multinode.CANDIDATES
         self.layout = f"{lib.nranks}/{lib.layout.nodes}"
         self.rank, self.nranks, self.nodes = lib.myrank, lib.nranks, lib.layout.nodes
         self.classes: Dict[int, SizeClass] = {}
@@ -179,8 +186,8 @@ class Tuner:
         self.by_nbytes: Dict[int, SizeClass] = {}
         for low, entry in (auto.saved.get(self.layout) or {}).items():
             low = int(low)
-            if low > 0 and low & (low - 1) == 0 and not auto.file_decides(low):
-                names, block = candidates_for(low, auto.choose(low), self.direct)
+            if low > 0 and low & (low - 1) == 0 and not auto.untimed(low):
+                names, block = candidates_for(low, auto.choose(low), self.direct, self.across)
                 names = tuple(dict.fromkeys((entry["algorithm"],) + names))
                 saved = SizeClass(low, names, block, entry["algorithm"])
                 times = entry.get("times_us") or {}
@@ -193,7 +200,7 @@ class Tuner:
         found = self.by_nbytes.get(nbytes)
         if found is not None:
             return found
-        if self.auto.file_decides(nbytes):  # the tuning file's rule, untimed for ever
+        if self.auto.untimed(nbytes):  # the tuning file's rule or the cost model's, untimed for ever
             found = SizeClass(nbytes, (self.auto.choose(nbytes),), 1, self.auto.choose(nbytes))
             found.quiet = sys.maxsize
         else:
@@ -201,7 +208,7 @@ class Tuner:
             found = self.classes.get(low)
             if found is None:
                 found = self.classes[low] = SizeClass(
-                    low, *candidates_for(nbytes, self.auto.choose(nbytes), self.direct))
+                    low, *candidates_for(nbytes, self.auto.choose(nbytes), self.direct, self.across))
         if len(self.by_nbytes) < MEMO_SIZES:
             self.by_nbytes[nbytes] = found
         return found
@@ -335,9 +342,7 @@ def _settings_on_rank_zero() -> object:
 def _make(lib) -> Optional[Tuner]:
     """Rank 0's setting decides for every rank (a rank with other settings cannot make other
     choices); ``None`` when online tuning is off."""
-    selection.source_for(lib)  # the table first: collective the first time
-    if not lib.layout.single_node:
-        return None  # across nodes the node-aware cost model decides (``multinode.py``)
+    selection.source_for(lib)  # the table (or the cost model) first: collective the first time
     auto = lib.state[selection.Auto]
     decided = lib.bcast(_settings_on_rank_zero() if lib.myrank == 0 else None, root=0)
     if isinstance(decided, ValueError):

@@ -23,7 +23,8 @@ Online tuning (``allreduce_kit/online.py``, on unless ``ALLREDUCE_KIT_ONLINE_TUN
 the built-in table's choice by timing candidates during the first calls of each size class; a
 tuning file's rules are followed as written where they measured.
 On a communicator whose ranks span several nodes, ``auto`` follows the node-aware cost model of
-``allreduce_kit/multinode.py`` instead (hierarchical or flat, by size, node count and ranks per node).
+``allreduce_kit/multinode.py`` instead (hierarchical or flat, by size, node count and ranks per
+node), which online tuning refines for short messages.
 """
 import json
 import math
@@ -177,8 +178,9 @@ class Auto:
         #: what online tuning saved in the tuning file (``Table.online``)
         self.saved: dict = {}
 
-    def file_decides(self, nbytes: int) -> bool:
-        """A tuning file's rules, not the built-in table's, choose for ``nbytes``."""
+    def untimed(self, nbytes: int) -> bool:
+        """A tuning file's rules, not the built-in table's, choose for ``nbytes``: followed as
+        written, never timed by online tuning."""
         return self.from_file and (self.within is None or self.within[0] <= nbytes <= self.within[1])
 
     def choose(self, nbytes: int) -> str:
@@ -209,11 +211,8 @@ def choose_for(lib, nbytes: int) -> str:
 
 def _load_everywhere(lib) -> Auto:
     """Rank 0 loads the table and broadcasts it; a bad file raises on every rank. Across nodes,
-    the node-aware cost model instead (``multinode.py``): the table is measured on one node."""
-    if not lib.layout.single_node:
-        from .multinode import NodeAware
-
-        return NodeAware(lib.layout)  # type: ignore[return-value]
+    the node-aware cost model instead (``multinode.py``), with what online tuning saved: the
+    table's rules are measured on one node."""
     try:
         loaded: object = load() if lib.myrank == 0 else None
     except ValueError as error:
@@ -222,6 +221,10 @@ def _load_everywhere(lib) -> Auto:
     if isinstance(loaded, ValueError):
         raise ValueError(f"allreduce(algorithm='auto'): {loaded}")
     table, source = loaded
+    if not lib.layout.single_node:
+        from .multinode import NodeAware
+
+        return NodeAware(lib.layout, getattr(table, "online", {}))  # type: ignore[return-value]
     auto = auto_from(table, source, lib.nranks)
     auto.saved = getattr(table, "online", {})
     return auto

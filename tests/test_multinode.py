@@ -72,6 +72,21 @@ def test_every_choice_is_registered_and_auto_says_where_it_comes_from():
             assert auto.choose(nbytes) in ALGORITHMS
 
 
+def test_online_tuning_times_only_the_sizes_below_the_bandwidth_bound_choice():
+    """Below ``tuned_below`` the model's choice is timed against the few-round algorithms; from
+    there on (``hierarchical``, or ``ring`` with one rank per node) the model decides alone."""
+    assert set(multinode.CANDIDATES) <= set(ALGORITHMS)
+    for shape in ((4, 4), (2, 2, 2, 2), (3, 5), (1, 1), (1, 1, 1, 1)):
+        auto = multinode.NodeAware(layout(*shape))
+        edge = multinode.tuned_below(auto.layout)
+        assert edge == (multinode.crossover(auto.layout) if max(shape) > 1 else multinode.LATENCY_BYTES)
+        assert not auto.untimed(8) and not auto.untimed(edge - 1)
+        assert auto.untimed(edge) and auto.untimed(64 << 20)
+        assert auto.choose(edge) in ("hierarchical", "ring") and auto.choose(edge - 1) in multinode.CANDIDATES
+    assert multinode.NodeAware(layout(2, 2), {"4/2": {"1024": {"algorithm": "tree"}}}).saved == {
+        "4/2": {"1024": {"algorithm": "tree"}}}
+
+
 def test_link_percent_is_the_bytes_a_link_must_carry_over_time_and_bandwidth():
     # 2 nodes: the whole message crosses each link; 16 MiB in 134.2 ms at 1 Gbit/s is the limit
     assert network.link_percent(16 << 20, (16 << 20) * 8 / 1e9 * 1e6, 2, 1e9) == pytest.approx(100)

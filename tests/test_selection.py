@@ -10,7 +10,8 @@ import re
 
 import pytest
 
-from allreduce_kit import ALGORITHMS, config, online, selection
+from allreduce_kit import ALGORITHMS, config, multinode, online, selection
+from allreduce_kit.topology import Topology
 
 A, B, C = "naive", "ring", "tree"
 
@@ -331,10 +332,31 @@ def test_a_saved_class_is_settled_where_the_builtin_table_decides_only(tmp_path)
 
     class Lib:  # what a tuner reads of a communicator
         nranks, myrank = 4, 0
-        layout = type("Layout", (), {"nodes": 1})()
+        layout = type("Layout", (), {"nodes": 1, "single_node": True})()
 
     tuner = online.Tuner(Lib(), auto, "on", None)
     assert tuner.choice(100) == A and tuner.class_for(100).quiet > 1 << 40, "the file's rule for 64..127 B"
     assert tuner.choice((1 << 20) + 5) == "two_shot" and not tuner.class_for(1 << 20).exploring
     assert tuner.class_for(1 << 20).reference == pytest.approx(90e-6)
     assert tuner.class_for(4096).exploring and tuner.choice(4096) == selection.choose(4096, 4)
+
+
+def test_across_nodes_the_tuner_times_the_few_round_algorithms_below_the_cost_models_edge_only():
+    """Across nodes the cost model's choice is the prior; below ``multinode.tuned_below`` the
+    class explores ``multinode.CANDIDATES``, from there the model's choice runs untimed, and a
+    class saved for the layout starts settled."""
+    top = Topology.from_parts(0, [0, 0, 1, 1, 2, 2, 3, 3], [2] * 4, ["n1", "n2", "n3", "n4"])
+
+    class Lib:
+        nranks, myrank, layout = 8, 0, top
+
+    auto = multinode.NodeAware(top, {"8/4": {"64": dict(ENTRY, algorithm=C, times_us={C: 50.0})}})
+    tuner = online.Tuner(Lib(), auto, "on", None)
+    edge = multinode.tuned_below(top)
+    small = tuner.class_for(edge - 1)
+    assert small.exploring and small.candidates == ("mpi", "recursive_doubling", "tree")
+    assert tuner.choice(edge - 1) == "mpi", "the model's choice while the class explores"
+    large = tuner.class_for(edge)
+    assert large.candidates == ("hierarchical",) and not large.exploring and large.quiet > 1 << 40
+    assert tuner.choice(100) == C and not tuner.class_for(100).exploring, "saved for 8 ranks on 4 nodes"
+    assert tuner.class_for(100).reference == pytest.approx(50e-6)
