@@ -13,7 +13,11 @@ wants are asked for instead, by the CLIs (``python -m allreduce_kit.train``, ``.
   ``MPIR_CVAR_ENABLE_HEAVY_YIELD=1`` makes them yield, but MPICH reads it once, when MPI starts
   (``from mpi4py import MPI``), so it must be set before that: here, or in the environment
   (``mpirun -genv MPIR_CVAR_ENABLE_HEAVY_YIELD 1``). A value the user set is never changed
-  (``ALLREDUCE_KIT_YIELD=0`` leaves it alone too).
+  (``ALLREDUCE_KIT_YIELD=0`` leaves it alone too). Not set for a job whose ranks span nodes:
+  MPICH's heavy yield sleeps (a timer's slack, about 50 us on Linux) between polls, and a rank
+  waiting for a message from another node pays it on every one (on the emulated cluster, 2
+  nodes x 4 ranks on 2 cores: MPI's own 8 B ``Allreduce`` about 0.9 ms with it, 0.16 ms without;
+  the trainer's default run 1.4x as long with it; docs/multinode.md).
 
 Inside a script of your own, ``allreduce_kit.install_abort_hook()`` turns on the first; the
 second can only come from the environment or this launcher.
@@ -24,7 +28,7 @@ import sys
 from typing import List, Mapping, MutableMapping, Optional
 
 from . import config
-from .topology import oversubscribed_from_launcher
+from .topology import oversubscribed_from_launcher, spans_nodes_from_launcher
 
 HEAVY_YIELD = "MPIR_CVAR_ENABLE_HEAVY_YIELD"
 
@@ -34,11 +38,13 @@ yield_set_here = False
 
 def enable_heavy_yield(environ: Optional[MutableMapping[str, str]] = None) -> bool:
     """Set ``MPIR_CVAR_ENABLE_HEAVY_YIELD=1`` in ``environ`` (default ``os.environ``) if this node
-    is oversubscribed, the user has not set it and ``ALLREDUCE_KIT_YIELD`` allows; return whether
-    it was set here. Takes effect only if MPI has not started yet."""
+    is oversubscribed, the job runs on it alone, the user has not set it and
+    ``ALLREDUCE_KIT_YIELD`` allows; return whether it was set here. Takes effect only if MPI has
+    not started yet."""
     env = os.environ if environ is None else environ
     wanted = config.read(config.YIELD, env)
-    if HEAVY_YIELD in env or not wanted or not oversubscribed_from_launcher(env):
+    if (HEAVY_YIELD in env or not wanted or not oversubscribed_from_launcher(env)
+            or spans_nodes_from_launcher(env)):
         return False
     env[HEAVY_YIELD] = "1"
     return True

@@ -17,7 +17,8 @@ by every rank of the job found there, not only the communicator's: the communica
 node's ranks, or of a few ranks, still shares the cores with the rest of the job.
 
 Before MPI starts (the yield setting must be decided then) only the launcher's environment is
-known: ``local_size_from_launcher`` and ``cores_from_environment`` answer from it.
+known: ``local_size_from_launcher``, ``spans_nodes_from_launcher`` and ``cores_from_environment``
+answer from it.
 """
 import os
 from dataclasses import dataclass
@@ -27,6 +28,10 @@ from typing import Iterable, Mapping, Optional, Sequence, Tuple
 _LOCAL_SIZE = ("MPI_LOCALNRANKS",              # MPICH's hydra
                "OMPI_COMM_WORLD_LOCAL_SIZE",   # Open MPI
                "SLURM_NTASKS_PER_NODE")        # Slurm (srun), when given as one number
+#: Launcher variables holding the job's number of ranks, in the order they are tried.
+_WORLD_SIZE = ("PMI_SIZE",                     # MPICH's hydra
+               "OMPI_COMM_WORLD_SIZE",         # Open MPI
+               "SLURM_NTASKS")                 # Slurm (srun)
 #: The most ranks of this job that a communicator's topology (``Topology.of``) has found on this
 #: process's machine so far: a communicator of a few of them still shares the cores with the rest.
 _job_ranks_here = 0
@@ -95,6 +100,17 @@ def oversubscribed_from_launcher(environ: Mapping[str, str] = os.environ) -> boo
     """True if the launcher says it put more ranks on this node than the node has cores."""
     ranks = local_size_from_launcher(environ)
     return ranks is not None and ranks > cores_from_environment(environ)
+
+
+def spans_nodes_from_launcher(environ: Mapping[str, str] = os.environ) -> bool:
+    """True if the launcher says the job has more ranks than it put on this node: some run on
+    other nodes."""
+    local = local_size_from_launcher(environ)
+    for name in _WORLD_SIZE:
+        world = _positive(environ.get(name))
+        if world:
+            return local is not None and world > local
+    return False
 
 
 def user_threads(environ: Mapping[str, str] = os.environ) -> Optional[int]:

@@ -103,9 +103,13 @@ def test_the_launcher_sets_yield_before_mpi_starts_and_installs_the_abort_hook(t
     ({"MPI_LOCALNRANKS": "4096", "ALLREDUCE_KIT_YIELD": "0"}, None),
     # Slurm: 8 tasks on a node of 8 allocated CPUs, whatever this process's own affinity
     ({"SLURM_NTASKS_PER_NODE": "8", "SLURM_CPUS_ON_NODE": "8"}, None),
-    ({"SLURM_TASKS_PER_NODE": "4096(x2)"}, "1"),
+    ({"SLURM_TASKS_PER_NODE": "4096", "SLURM_NTASKS": "4096"}, "1"),
+    ({"MPI_LOCALNRANKS": "4096", "PMI_SIZE": "4096"}, "1"),
+    # the job spans nodes: a heavy yield's sleep between polls would delay every message from them
+    ({"MPI_LOCALNRANKS": "4096", "PMI_SIZE": "8192"}, None),
+    ({"SLURM_TASKS_PER_NODE": "4096(x2)", "SLURM_NTASKS": "8192"}, None),
 ])
-def test_the_launcher_sets_yield_only_when_oversubscribed_and_unset(tmp_path, env, expected_yield):
+def test_the_launcher_sets_yield_only_when_oversubscribed_on_one_node_and_unset(tmp_path, env, expected_yield):
     assert launch(tmp_path, env)["yield"] == expected_yield
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from allreduce_kit import config
 from allreduce_kit.topology import (Topology, cores_from_environment, local_size_from_launcher, node_cores,
-                                    oversubscribed_from_launcher, user_threads)
+                                    oversubscribed_from_launcher, spans_nodes_from_launcher, user_threads)
 
 NO_THREADS_SET = {}
 
@@ -99,6 +99,17 @@ def test_nodes_must_be_numbered_from_zero():
 ])
 def test_local_size_from_the_launchers_environment(env, expected):
     assert local_size_from_launcher(env) == expected
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({"MPI_LOCALNRANKS": "4", "PMI_SIZE": "8"}, True), ({"MPI_LOCALNRANKS": "4", "PMI_SIZE": "4"}, False),
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_SIZE": "6"}, True),
+    ({"SLURM_TASKS_PER_NODE": "4(x2)", "SLURM_NTASKS": "8"}, True), ({"SLURM_NTASKS_PER_NODE": "8", "SLURM_NTASKS": "8"}, False),
+    ({"PMI_SIZE": "8"}, False), ({"MPI_LOCALNRANKS": "4"}, False), ({}, False),
+])
+def test_whether_the_job_spans_nodes_from_the_launchers_environment(env, expected):
+    """More ranks in the job than on this node; unknown (a size missing) counts as one node."""
+    assert spans_nodes_from_launcher(env) is expected
 
 
 def test_cores_before_mpi_prefer_slurms_allocation():
