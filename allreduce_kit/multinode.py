@@ -26,18 +26,18 @@ cost is ``OVERSUBSCRIBED`` times larger (measured on the 2-core development mach
 ranks at 250 Mbit/s: ``hierarchical`` overtakes the flat exchange between 64 KiB and 256 KiB, not
 at the 21 KiB the plain model gives; docs/multinode.md).
 
-Below that, with several ranks on a node, the model's choice is MPI's own ``Allreduce``: for
-short messages MPICH's is node-aware itself (shared memory inside the node, one message per node
-across), which a flat exchange by messages is not; measured at 2 nodes x 4 ranks it is as fast or
-faster than ``recursive_doubling`` from 8 B to 256 KiB. It is not everywhere: at 4 nodes x 2 ranks
-``tree`` and ``recursive_doubling`` took 0.63x-0.82x its time from 32 B to 512 B, and the model has
-no term that tells the two layouts apart (docs/multinode.md). So below ``tuned_below`` (where the
-fixed cost of a round, not the link's bytes, decides) online tuning times the model's choice
-against ``CANDIDATES`` on the first calls of each size class and keeps the fastest (``online.py``);
-from there on the model decides alone (exploring the flat exchange there would send many times the
-bytes the link must carry, for seconds per call at 64 MiB). Placement (block or round-robin) does
-not change the model's choice: ``hierarchical``'s traffic is the same either way, and the flat
-exchange's is at best what the model assumes (docs/multinode.md).
+Below that, with several ranks on a node, the model's choice is MPI's own ``Allreduce``: for short
+messages MPICH's is node-aware itself (shared memory inside the node, one message per node across),
+which a flat exchange by messages is not. Whether it is the fastest there depends on the size and
+layout in ways the model has no term for: on 2 cores at 2 nodes x 4 ranks and 4 nodes x 2 ranks,
+``tree`` and ``recursive_doubling`` took 0.63x-0.95x its time from 32 B to 512 B, and it was the
+fastest at 8 B (docs/multinode.md). So below ``tuned_below`` (where the fixed cost of a round, not
+the link's bytes, decides) online tuning times the model's choice against ``CANDIDATES`` on the
+first calls of each size class and keeps the fastest (``online.py``); from there on the model
+decides alone (exploring the flat exchange there would send many times the bytes the link must
+carry, for seconds per call at 64 MiB). Placement (block or round-robin) does not change the
+model's choice: ``hierarchical``'s traffic is the same either way, and the flat exchange's is at
+best what the model assumes (docs/multinode.md).
 """
 import math
 from typing import Dict, Optional
@@ -50,8 +50,9 @@ LATENCY_BYTES = 64 << 10
 OVERSUBSCRIBED = 8
 #: What online tuning times besides the model's choice below ``tuned_below``: the algorithms
 #: with the fewest rounds (MPI's own, node-aware for short messages; the flat exchanges by
-#: messages with lg P rounds).
-CANDIDATES = ("mpi", "recursive_doubling", "tree")
+#: messages with lg P rounds), and ``hierarchical``, which may overtake them before the model's
+#: crossover (an estimate: at 2 nodes x 4 ranks on 2 cores it took 0.85x MPI's time at 64 KiB).
+CANDIDATES = ("mpi", "recursive_doubling", "tree", "hierarchical")
 
 
 def choose(layout: Topology, nbytes: int) -> str:

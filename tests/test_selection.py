@@ -354,7 +354,7 @@ def test_across_nodes_the_tuner_times_the_few_round_algorithms_below_the_cost_mo
     tuner = online.Tuner(Lib(), auto, "on", None)
     edge = multinode.tuned_below(top)
     small = tuner.class_for(edge - 1)
-    assert small.exploring and small.candidates == ("mpi", "recursive_doubling", "tree")
+    assert small.exploring and small.candidates == ("mpi", "recursive_doubling", "tree", "hierarchical")
     assert tuner.choice(edge - 1) == "mpi", "the model's choice while the class explores"
     large = tuner.class_for(edge)
     assert large.candidates == ("hierarchical",) and not large.exploring and large.quiet > 1 << 40
