@@ -85,14 +85,13 @@ class NodeAware:
     the online tuner that refines them below ``tuned_below`` (if online tuning is on) and what
     it saved in the tuning file."""
 
-    __slots__ = ("layout", "choices", "source", "online", "saved", "below")
+    __slots__ = ("layout", "choices", "source", "online", "saved")
 
     def __init__(self, layout: Topology, saved: Optional[dict] = None):
         self.layout = layout
         self.choices: Dict[int, str] = {}
         self.online = None
         self.saved: dict = dict(saved or {})
-        self.below = tuned_below(layout)
         self.source = (f"node-aware cost model ({layout.nodes} nodes, {max(layout.ranks_per_node)} ranks per node "
                        f"at most; hierarchical from {crossover(layout)} B)" if max(layout.ranks_per_node) > 1 else
                        f"node-aware cost model ({layout.nodes} nodes, 1 rank per node; ring from {LATENCY_BYTES} B)")
@@ -102,4 +101,4 @@ class NodeAware:
 
     def untimed(self, nbytes: int) -> bool:
         """The model's choice for ``nbytes`` stands without online tuning."""
-        return nbytes >= self.below
+        return nbytes >= tuned_below(self.layout)

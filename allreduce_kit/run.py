@@ -16,8 +16,8 @@ wants are asked for instead, by the CLIs (``python -m allreduce_kit.train``, ``.
   (``ALLREDUCE_KIT_YIELD=0`` leaves it alone too). Not set for a job whose ranks span nodes:
   MPICH's heavy yield sleeps (a timer's slack, about 50 us on Linux) between polls, and a rank
   waiting for a message from another node pays it on every one (on the emulated cluster, 2
-  nodes x 4 ranks on 2 cores: MPI's own 8 B ``Allreduce`` about 0.9 ms with it, 0.16 ms without;
-  the trainer's default run 1.4x as long with it; docs/multinode.md).
+  nodes x 4 ranks on 2 cores: MPI's own 8 B ``Allreduce`` 0.9-1.2 ms with it, 0.11-0.17 ms
+  without; the trainer's default run 1.4x as long with it; docs/multinode.md).
 
 Inside a script of your own, ``allreduce_kit.install_abort_hook()`` turns on the first; the
 second can only come from the environment or this launcher.

@@ -173,7 +173,7 @@ def test_bench_shows_the_network(nodes, tmp_path):
     auto = {r["size"]: r for r in rows if r["algorithm"] == "auto"}
     # 2 x 2 ranks: hierarchical from 64 KiB (512 KiB on fewer cores), the cost model's choice as it is
     assert auto[1 << 20]["chosen"] == "hierarchical" and auto[1 << 20]["explored"] == 0
-    # below it, online tuning timed the model's MPI against the flat few-round exchanges, and kept one
+    # below it, online tuning timed the model's MPI against the other candidates, and kept one
     assert auto[1024]["explored"] > 0 and set(auto[1024]["trials"]["times_us"]) == set(multinode.CANDIDATES)
     assert auto[1024]["chosen"] == auto[1024]["trials"]["algorithm"] in multinode.CANDIDATES
     for row in rows:  # 4 Gbit/s, the rate the cluster shapes to (not measured here)
