@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from allreduce_kit import kernels
+from allreduce_kit.kernels.stream import stream_copy
 
 REPO = Path(__file__).resolve().parent.parent
 NUMPY = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
@@ -106,6 +107,21 @@ def test_copy_moves_every_bit_into_the_destination_range_only(dtype):
     kernels.reduce.copy(outer[2:1003], src)
     assert outer[:2].tolist() == [7, 7] and outer[1003:].tolist() == [7, 7]
     assert outer[2:1003].tobytes() == src.tobytes()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 33, 1000, 100_003])
+@pytest.mark.parametrize("start", [0, 1, 5, 13])
+def test_stream_copy_moves_every_bit_into_the_destination_range_only(dtype, n, start):
+    """The copy around the caches (``kernels.stream``): every element, at every alignment of the
+    destination's start and end against a cache line, and nothing outside ``dst``."""
+    src = values(n + 7, dtype, n)[7 - start % 7:][:n]   # the source misaligned another way
+    if n >= 3:
+        src[:3] = [np.nan, -0.0, np.inf]
+    outer = np.full(n + 40, 7, dtype)
+    stream_copy(outer[start:start + n], src)
+    assert (outer[:start] == 7).all() and (outer[start + n:] == 7).all()
+    assert outer[start:start + n].tobytes() == src.tobytes()
 
 
 IMPORT_PROBE = """

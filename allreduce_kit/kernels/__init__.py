@@ -1,7 +1,8 @@
 """Reduction kernels: ``dst op= src`` in place, numba-compiled and cached. No MPI here.
 
-Installed as ``allreduce_kit.kernels``. The functions take 1-D C-contiguous arrays of one
-supported dtype; the collectives validate their input before calling them, so these do not.
+Installed as ``allreduce_kit.kernels``; ``kernels.stream`` holds a copy whose stores bypass
+the caches. The functions take 1-D C-contiguous arrays of one supported dtype; the
+collectives validate their input before calling them, so these do not.
 """
 from typing import Dict, Iterable, Sequence
 

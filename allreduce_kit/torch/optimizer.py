@@ -259,7 +259,9 @@ class _DistributedOptimizer:
                 spent.append(grad)
                 grads.append(grad.detach())
                 into.append(view)
-        if into:
+        if into and bucket.shared is not None:
+            bucket.shared.fill(into, grads)
+        elif into:
             torch._foreach_copy_(into, grads)   # every copy in one call
         bucket.spent = spent
         scaled = self._predivide != 1.0

@@ -30,8 +30,9 @@ import numpy as np
 import torch
 from numba import njit
 
-from ..algorithms.spin import NodeWindow, address_of_sched_yield, node_of, store_release, wait_until
+from ..algorithms.spin import NodeWindow, node_of, raise_flag, wait_on, wait_record
 from ..kernels import reduce as _loops
+from ..kernels.stream import stream_copy
 from ..stall import INSPECTOR
 
 #: Bucket dtypes reduced in the window; others (and compressed buckets) take ``allreduce``.
@@ -40,19 +41,23 @@ DTYPES = (torch.float32, torch.float64)
 _LINE = 64
 #: Elements folded per piece: the piece of the own row and the peer's copy stay in the 1 MiB L2.
 PIECE = 32 << 10
+#: Gradients of at least this many bytes are copied into the row around the caches
+#: (``kernels.stream``): the row is read next by the other ranks, through memory.
+STREAM_MIN = 1 << 18
 
 
 @njit(cache=True, nogil=True)
 def _two_shot(area, offset, stride, n, state, code, divisor):
     """Reduce ``n`` elements at ``area[offset + q * stride:]`` over the ranks q in place (the
     module docstring's three steps). ``state``: this rank, the rank count, the flags' address,
-    ``sched_yield``'s address (0: spin), the last call's number (advanced here)."""
-    rank, size, flags, yield_fn = state[0], state[1], state[2], state[3]
+    the address of the window's ``wait`` record (``spin.wait_on``), the last call's number
+    (advanced here)."""
+    rank, size, flags, wait = state[0], state[1], state[2], state[3]
     state[4] += 1
     gen = state[4]
-    store_release(flags + _LINE * 2 * rank, gen)
+    raise_flag(flags + _LINE * 2 * rank, gen, wait)
     for k in range(size):
-        wait_until(flags + _LINE * 2 * k, gen, yield_fn)
+        wait_on(flags + _LINE * 2 * k, gen, wait)
     align = _LINE // area.itemsize
     chunk = ((n + size - 1) // size + align - 1) // align * align
     start, end = min(rank * chunk, n), min((rank + 1) * chunk, n)
@@ -69,9 +74,9 @@ def _two_shot(area, offset, stride, n, state, code, divisor):
             theirs = offset + ((rank + k) % size) * stride
             _loops.copy(area[theirs + start:theirs + stop], piece)
         start = stop
-    store_release(flags + _LINE * (2 * rank + 1), gen)
+    raise_flag(flags + _LINE * (2 * rank + 1), gen, wait)
     for k in range(size):
-        wait_until(flags + _LINE * (2 * k + 1), gen, yield_fn)
+        wait_on(flags + _LINE * (2 * k + 1), gen, wait)
 
 
 def _padded(nbytes: int) -> int:
@@ -93,7 +98,8 @@ class SharedBuckets:
         self.window = NodeWindow(node, at, lib.oversubscribed)
         memory = self.window.memory
         memory[2 * rank * _LINE:2 * (rank + 1) * _LINE] = 0
-        self.state = np.array([rank, size, memory.ctypes.data, self.window.yield_fn, 0], np.int64)
+        self._record = self.window.record
+        self.state = np.array([rank, size, memory.ctypes.data, self._record.ctypes.data, 0], np.int64)
         self._areas, self._calls = [], []
         #: ``flats[k]``: this rank's flat buffer of bucket k in the window, None if its dtype is not in DTYPES
         self.flats: List[Optional[torch.Tensor]] = []
@@ -116,7 +122,21 @@ class SharedBuckets:
         window spins without yielding unless the node has more ranks than cores): for a
         background thread on cores that backward keeps busy, where a spinning wait would take
         its time from backward."""
-        self.state[3] = address_of_sched_yield()
+        if self.window.mode == "spin":
+            self._record = wait_record("yield")
+            self.state[3] = self._record.ctypes.data
+
+    def fill(self, into: List[torch.Tensor], grads: List[torch.Tensor]) -> None:
+        """Copy each of ``grads`` into the same-shaped view of this rank's row in ``into``."""
+        rest_into, rest = [], []
+        for view, grad in zip(into, grads):
+            if grad.is_contiguous() and grad.numel() * grad.element_size() >= STREAM_MIN:
+                stream_copy(view.view(-1).numpy(), grad.view(-1).numpy())
+            else:
+                rest_into.append(view)
+                rest.append(grad)
+        if rest:
+            torch._foreach_copy_(rest_into, rest)
 
     def reduce(self, k: int, op: str, what: str) -> None:
         """Reduce bucket ``k`` (``flats[k]`` on every rank) in place with ``op`` (sum or mean)."""

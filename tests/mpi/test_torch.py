@@ -18,7 +18,7 @@ from mpi4py import MPI
 torch = pytest.importorskip("torch")
 
 import allreduce_kit.torch as hvd  # noqa: E402
-from allreduce_kit.torch import mpi_ops  # noqa: E402
+from allreduce_kit.torch import mpi_ops, shared_buckets  # noqa: E402
 
 from conftest import assert_same_everywhere  # noqa: E402
 
@@ -336,6 +336,28 @@ def sgd(net, lr=0.1):
 @pytest.mark.parametrize("passes", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_p_ranks_with_batch_b_match_one_process_with_batch_pb(dtype, passes, bucket_mb, overlap):
+    trains_as_one_process(dtype, passes, bucket_mb, overlap)
+
+
+_stream_copy = shared_buckets.stream_copy
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gradients_streamed_into_the_window_train_as_in_one_process(dtype, monkeypatch):
+    """Gradients of at least ``shared_buckets.STREAM_MIN`` bytes reach the node's window by
+    stores around the caches (``kernels.stream``); with every gradient taking that path, p ranks
+    still match one process, accumulating over two passes."""
+    streamed = []
+    monkeypatch.setattr(shared_buckets, "STREAM_MIN", 0)
+    monkeypatch.setattr(shared_buckets, "stream_copy",
+                        lambda dst, src: (streamed.append(src.size), _stream_copy(dst, src)))
+    trains_as_one_process(dtype, 2, None, None)
+    assert bool(streamed) == (P > 1 and mpi_ops.state().layout.single_node)
+
+
+
+def trains_as_one_process(dtype, passes, bucket_mb, overlap):
     b = 4
     data = batches(P, b, dtype)
     alone = made_on(0, dtype)
