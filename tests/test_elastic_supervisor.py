@@ -333,3 +333,31 @@ def test_ranks_found_dead_together_are_told_apart_by_what_mpiexec_names():
     job.text, job.proc.code = ["nothing from the launcher\n"], 0
     start = time.monotonic()
     assert job._named_by_launcher([4241, 4242], wait=10) is None and time.monotonic() - start < 1, "ended, all read"
+
+
+def test_the_supervisor_wakes_when_a_rank_ends_not_at_its_next_look():
+    """``_Exits.wait`` returns as soon as one of the processes ends (where the kernel has
+    ``pidfd``), so the look that follows a death comes before the ranks that die of it have
+    ended too; a process that has ended is not waited on again (no busy loop)."""
+    import threading
+    import time
+
+    if not hasattr(os, "pidfd_open"):
+        pytest.skip("no pidfd_open here: the wait is a plain sleep")
+    sleepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+    exits = elastic._Exits()
+    try:
+        threading.Timer(0.3, sleepers[1].kill).start()
+        start = time.monotonic()
+        exits.wait([p.pid for p in sleepers], 20)
+        assert 0.25 < time.monotonic() - start < 5, "woken by the death, not by the timeout"
+        sleepers[1].wait()
+        start = time.monotonic()
+        exits.wait([p.pid for p in sleepers], 0.2)
+        assert time.monotonic() - start >= 0.19, "an ended process woke the wait again"
+        assert exits.fds[sleepers[1].pid] is None and exits.fds[sleepers[0].pid] is not None
+    finally:
+        exits.close()
+        for p in sleepers:
+            p.kill()
+            p.wait()
