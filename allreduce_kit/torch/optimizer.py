@@ -260,7 +260,7 @@ class _DistributedOptimizer:
                 grads.append(grad.detach())
                 into.append(view)
         if into and bucket.shared is not None:
-            bucket.shared.fill(into, grads)
+            bucket.shared.fill(k, into, grads)
         elif into:
             torch._foreach_copy_(into, grads)   # every copy in one call
         bucket.spent = spent

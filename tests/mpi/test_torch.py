@@ -345,10 +345,11 @@ _stream_copy = shared_buckets.stream_copy
 @pytest.mark.mpi
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_gradients_streamed_into_the_window_train_as_in_one_process(dtype, monkeypatch):
-    """Gradients of at least ``shared_buckets.STREAM_MIN`` bytes reach the node's window by
-    stores around the caches (``kernels.stream``); with every gradient taking that path, p ranks
-    still match one process, accumulating over two passes."""
+    """The gradients of a large bucket reach the node's window by stores around the caches
+    (``kernels.stream``, from ``shared_buckets.STREAM_ROWS``); with every gradient taking that
+    path, p ranks still match one process, accumulating over two passes."""
     streamed = []
+    monkeypatch.setattr(shared_buckets, "STREAM_ROWS", 0)
     monkeypatch.setattr(shared_buckets, "STREAM_MIN", 0)
     monkeypatch.setattr(shared_buckets, "stream_copy",
                         lambda dst, src: (streamed.append(src.size), _stream_copy(dst, src)))
