@@ -2,9 +2,10 @@
 
 Where all ranks share one node, a ``DistributedOptimizer``'s float32 and float64 buckets live
 in one ``MPI_Win_allocate_shared`` window: rank q's flat buffer of bucket k is row q of the
-bucket's block (``stride`` elements apart). The gradients are copied into the row as before
-(each ``.grad`` is then a view of its slice of it), and the bucket is reduced in place by a
-two-shot schedule that reads and writes the other ranks' rows directly, in one compiled call:
+bucket's block (``stride`` elements apart). The gradients are copied into the row (around
+the caches for a large bucket: ``STREAM_ROWS``), each ``.grad`` is then a view of its slice of
+it, and the bucket is reduced in place by a two-shot schedule that reads and writes the other
+ranks' rows directly, in one compiled call:
 
 1. every rank raises its first flag to the call's number once its row holds its gradients,
    and waits until every rank has;
