@@ -143,7 +143,7 @@ class SharedBuckets:
             return
         rest_into, rest = [], []
         for view, grad in zip(into, grads):
-            if grad.is_contiguous() and grad.numel() * grad.element_size() >= STREAM_MIN:
+            if grad.is_contiguous() and not grad.is_neg() and grad.numel() * grad.element_size() >= STREAM_MIN:
                 stream_copy(view.view(-1).numpy(), grad.view(-1).numpy())
             else:
                 rest_into.append(view)
