@@ -299,29 +299,31 @@ class Job:
         start = (loss.resumed_from or 0) if loss is not None else -1
         beats = Heartbeats(report, timeout)
         exits = _Exits()
-        while self.proc.poll() is None and self.first_dead is None and not self.silent:
-            step = _progress(report)
-            if first is None and step is not None and step > start:
-                first = step
-                if loss is not None:
-                    loss.recovery_seconds = time.monotonic() - loss.died_at
-                    _say(f"recovered: first step on {loss.ranks_after} ranks {loss.recovery_seconds:.1f} s after "
-                         f"the death")
-            local = [pid for pid, (rank, host) in _registry(report).items() if host == here]
-            dead = [pid for pid in local if not _alive(pid)]
-            if dead:                           # read again: a rank that ended by itself said so before it ended
-                dead = [pid for pid in dead if pid in _registry(report)]
-            if len(dead) == 1:
-                self.first_dead = (dead[0], time.monotonic(), step)
-            elif dead:                         # seen too late to tell which went first, unless the launcher says
-                when = time.monotonic()
-                self.first_dead = (self._named_by_launcher(dead, 1.0 if self.srun else 30.0), when, step)
-            if self.first_dead is None:
-                self.silent, self.silent_since = beats.silent()
-                self.silent_step = step
-            if self.first_dead is None and not self.silent:
-                exits.wait(local, 0.01)
-        exits.close()
+        try:
+            while self.proc.poll() is None and self.first_dead is None and not self.silent:
+                step = _progress(report)
+                if first is None and step is not None and step > start:
+                    first = step
+                    if loss is not None:
+                        loss.recovery_seconds = time.monotonic() - loss.died_at
+                        _say(f"recovered: first step on {loss.ranks_after} ranks {loss.recovery_seconds:.1f} s after "
+                             f"the death")
+                local = [pid for pid, (rank, host) in _registry(report).items() if host == here]
+                dead = [pid for pid in local if not _alive(pid)]
+                if dead:                           # read again: a rank that ended by itself said so before it ended
+                    dead = [pid for pid in dead if pid in _registry(report)]
+                if len(dead) == 1:
+                    self.first_dead = (dead[0], time.monotonic(), step)
+                elif dead:                         # seen too late to tell which went first, unless the launcher says
+                    when = time.monotonic()
+                    self.first_dead = (self._named_by_launcher(dead, 1.0 if self.srun else 30.0), when, step)
+                if self.first_dead is None:
+                    self.silent, self.silent_since = beats.silent()
+                    self.silent_step = step
+                if self.first_dead is None and not self.silent:
+                    exits.wait(local, 0.01)
+        finally:
+            exits.close()
         if self.first_dead is not None and timeout > 0:
             self._node_died_first(beats)
         if first is None and self.first_dead is None and not self.silent and loss is not None:
@@ -413,7 +415,7 @@ class _Exits:
     """Wait up to a time for a process of this host to end, woken by the kernel the moment it
     does (a ``pidfd`` per process, Linux 5.3 and later; elsewhere the wait is a plain sleep). The
     supervisor then looks at the ranks before the others, which die of the loss a few
-    milliseconds later, have ended too: a look every 10 ms alone often found them dead together."""
+    milliseconds later, have ended too: a look every 10 ms alone sometimes found them dead together."""
 
     def __init__(self):
         self.fds: Dict[int, Optional[int]] = {}   # pid -> its pidfd; None once ended or if it has none
