@@ -7,6 +7,7 @@ from mpi4py import MPI
 
 from . import config, kernels, online, selection
 from .algorithms import ALGORITHMS, shared_memory
+from .algorithms import mpi as native
 from .algorithms.signature import mismatch
 from .comm import _world, library_comm
 from .reduction import OPS
@@ -14,6 +15,7 @@ from .stall import INSPECTOR
 
 _DTYPES = frozenset(kernels.DTYPES)
 _COMM_WORLD = MPI.COMM_WORLD
+_IN_PLACE = MPI.IN_PLACE
 _OPS = frozenset(OPS)
 
 
@@ -131,7 +133,7 @@ class Repeat:
     anything else takes the full path, which then keeps the new call."""
 
     __slots__ = ("lib", "watch", "ref", "shape", "dtype", "op", "reduction", "algorithm", "settled", "winner", "fn",
-                 "kernel", "address", "code", "divisor", "watched")
+                 "kernel", "address", "code", "divisor", "watched", "native", "native_op")
 
     #: Calls (buffer and algorithm) remembered per communicator; all are forgotten when one more comes.
     SIZE = 16
@@ -148,6 +150,8 @@ class Repeat:
         bound = shared_memory.binding(lib, buf.dtype, self.reduction) if winner == "shared_memory" else None
         # set where the call goes straight into a compiled kernel: ``kernel(buf, address, code, divisor)``
         self.kernel, self.address, self.code, self.divisor = bound or (None, 0, 0, 0)
+        # set where the call is MPI's own: ``native(MPI.IN_PLACE, buf, native_op)``
+        self.native, self.native_op = (native.binding(lib, self.reduction) if winner == "mpi" else None) or (None, None)
 
     @staticmethod
     def keep(lib, buf: np.ndarray, op, name: str, algorithm: str, settled, winner: str) -> None:
@@ -209,10 +213,13 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
                 INSPECTOR.current = again.watched
                 try:
                     kernel = again.kernel
-                    if kernel is None:  # set only where the reduction has a compiled kernel
+                    if kernel is not None:  # set only where the reduction has a compiled kernel
+                        if kernel(buf, again.address, again.code, again.divisor) != 0:
+                            raise mismatch(again.lib, buf, "shared_memory")
+                    elif again.native is not None:
+                        again.native(_IN_PLACE, buf, again.native_op)
+                    else:
                         again.fn(again.lib, buf, again.reduction)
-                    elif kernel(buf, again.address, again.code, again.divisor) != 0:
-                        raise mismatch(again.lib, buf, "shared_memory")
                 finally:
                     INSPECTOR.current = None
                 return buf
