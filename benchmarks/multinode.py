@@ -26,7 +26,7 @@ from pathlib import Path
 
 LAYOUTS = {"2x1": (2, 1, "1gbit"), "2x4": (2, 4, "250mbit"), "4x2": (4, 2, "250mbit")}
 SIZES = {"large": ["-b", "16M", "-e", "64M", "-f", "4", "-n", "5", "-w", "2"],
-         "small": ["-b", "8", "-e", "1K", "-f", "4", "-n", "20", "-w", "5"]}
+         "small": ["-b", "8", "-e", "1K", "-f", "2", "-n", "20", "-w", "5"]}
 ALGORITHMS = "mpi,auto,hierarchical,ring"
 CLUSTER = [sys.executable, "-m", "allreduce_kit.cluster"]
 
