@@ -8,7 +8,8 @@ checking the buffer, the op and the algorithm; looking the communicator up; ``au
 the buffer's size; the op's reduction for the rank count. On its first call a plan also binds
 what its algorithm can reuse: for ``shared_memory`` (``auto``'s choice on one node up to 32 MiB)
 the compiled loop's entry point for the buffer's dtype and the window's address, so that every
-later call goes straight into that loop (``shared_memory.binding``); other algorithms are called with everything they take
+later call goes straight into that loop (``shared_memory.binding``); for ``mpi`` the
+communicator's bound ``Allreduce`` (``mpi.binding``); other algorithms are called with everything they take
 already looked up. A call checks only what can change behind a plan's back, which costs a few
 attribute reads: the buffer is still alive, writable and has its shape and dtype, the
 communicator and the plan have not been freed.
@@ -27,6 +28,7 @@ from mpi4py import MPI
 
 from . import config, selection
 from .algorithms import ALGORITHMS
+from .algorithms import mpi as native
 from .algorithms import shared_memory
 from .algorithms.signature import mismatch
 from .collective import _agree, array_of, validate
@@ -55,7 +57,8 @@ class Plan:
     elements ``[start, stop)`` of ``buf``'s flat view (a bucket of a gradient buffer)."""
 
     __slots__ = ("op", "algorithm", "requested", "comm", "_ref", "_shape", "_dtype", "_plain", "_span", "_lib", "_alive",
-                 "_watch", "_watched", "_reduction", "_fn", "_kernel", "_address", "_code", "_divisor", "_idle",
+                 "_watch", "_watched", "_reduction", "_fn", "_kernel", "_address", "_code", "_divisor", "_native",
+                 "_native_op", "_idle",
                  "_bound", "_started", "_freed", "__weakref__")
 
     def __init__(self, buf: np.ndarray, *, op="sum", algorithm: str = "auto",
@@ -85,7 +88,7 @@ class Plan:
         self._lib, self._watch = lib, lib.watch
         self._alive = lib.attach(_Alive, _Alive)
         self._reduction = lib.reductions[name]
-        self._fn = self._kernel = None
+        self._fn = self._kernel = self._native = self._native_op = None
         self._address = self._code = self._divisor = 0
         self._bound = self._started = self._freed = False
         self._idle = lib.nranks == 1 or array.size == 0
@@ -121,6 +124,8 @@ class Plan:
             bound = shared_memory.binding(lib, array.dtype, reduction)
             if bound is not None:
                 self._kernel, self._address, self._code, self._divisor = bound
+        elif self.algorithm == "mpi":
+            self._native, self._native_op = native.binding(lib, reduction) or (None, None)
 
     def __call__(self, buf: Optional[np.ndarray] = None, *, comm: Optional[MPI.Intracomm] = None) -> np.ndarray:
         """Reduce the plan's buffer in place and return it (collective). ``buf`` and ``comm``, if
@@ -140,10 +145,13 @@ class Plan:
             if not self._bound:
                 self._bind(array)
             kernel = self._kernel
-            if kernel is None:
+            if kernel is not None:
+                if kernel(array, self._address, self._code, self._divisor) != 0:
+                    raise mismatch(self._lib, array, "shared_memory")
+            elif self._native is not None:
+                self._native(MPI.IN_PLACE, array, self._native_op)
+            else:
                 self._fn(self._lib, array, self._reduction)
-            elif kernel(array, self._address, self._code, self._divisor) != 0:
-                raise mismatch(self._lib, array, "shared_memory")
         finally:
             INSPECTOR.current = None
         return source
@@ -174,7 +182,7 @@ class Plan:
     def free(self) -> None:
         """Release what the plan holds; calling it afterwards raises ``ValueError``."""
         self._freed = True
-        self._kernel = None
+        self._kernel = self._native = None
 
     def _same(self, buf, comm) -> None:
         if buf is not None and buf is not self._ref():

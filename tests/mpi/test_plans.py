@@ -60,6 +60,8 @@ def test_plan_matches_mpi_allreduce(comm, algorithm):
                     case = f"{planned!r} call {call}: {dtype} {op} n={n}"
                     assert_matches(comm, x, expected, tolerance, case)
                     assert_same_everywhere(comm, x)
+                if planned.algorithm == "mpi" and n and comm.Get_size() > 1:  # bound to MPI's own call, but for a mean
+                    assert (planned._native is None) == (op == "mean"), case
                 assert_quiet(comm)
 
 
