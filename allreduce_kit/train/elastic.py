@@ -290,8 +290,8 @@ class Job:
 
     def watch(self, report: str, loss: Optional["Loss"], timeout: float = 0.0) -> Optional[int]:
         """Until the job ends, look at the ranks on this host every 10 ms and whenever one ends
-        (``_Exits``): the first found dead is the one whose death ends the job (``mpiexec`` kills
-        the others a little later); and at the heartbeats of the ranks on other hosts
+        (``_Exits``): the one found dead alone, or whose end woke the wait, is the one whose death
+        ends the job (``mpiexec`` kills the others a little later); and at the heartbeats of the ranks on other hosts
         (``timeout``: see ``Heartbeats``). After a relaunch (``loss``), also wait for the first
         step past the checkpoint and time the recovery.
         Returns the first step seen, or None if the job ended before it."""
@@ -299,6 +299,7 @@ class Job:
         start = (loss.resumed_from or 0) if loss is not None else -1
         beats = Heartbeats(report, timeout)
         exits = _Exits()
+        ended: List[int] = []                      # the ranks whose end woke the last wait
         try:
             while self.proc.poll() is None and self.first_dead is None and not self.silent:
                 step = _progress(report)
@@ -312,8 +313,9 @@ class Job:
                 dead = [pid for pid in local if not _alive(pid)]
                 if dead:                           # read again: a rank that ended by itself said so before it ended
                     dead = [pid for pid in dead if pid in _registry(report)]
-                if len(dead) == 1:
-                    self.first_dead = (dead[0], time.monotonic(), step)
+                woke = [pid for pid in ended if pid in dead]
+                if len(dead) == 1 or len(woke) == 1:   # the others ended after the one whose end woke the wait
+                    self.first_dead = ((woke or dead)[0], time.monotonic(), step)
                 elif dead:                         # seen too late to tell which went first, unless the launcher says
                     when = time.monotonic()
                     self.first_dead = (self._named_by_launcher(dead, 1.0 if self.srun else 30.0), when, step)
@@ -321,7 +323,7 @@ class Job:
                     self.silent, self.silent_since = beats.silent()
                     self.silent_step = step
                 if self.first_dead is None and not self.silent:
-                    exits.wait(local, 0.01)
+                    ended = exits.wait(local, 0.01)
         finally:
             exits.close()
         if self.first_dead is not None and timeout > 0:
@@ -413,14 +415,18 @@ class Job:
 
 class _Exits:
     """Wait up to a time for a process of this host to end, woken by the kernel the moment it
-    does (a ``pidfd`` per process, Linux 5.3 and later; elsewhere the wait is a plain sleep). The
-    supervisor then looks at the ranks before the others, which die of the loss a few
-    milliseconds later, have ended too: a look every 10 ms alone sometimes found them dead together."""
+    does (a ``pidfd`` per process, Linux 5.3 and later; elsewhere the wait is a plain sleep), and
+    say which ended by then. MPICH's ``mpiexec``, even with ``-disable-auto-cleanup``, can kill
+    the ranks left about 1.5 ms after one dies (measured: a SIGUSR1 to each, then SIGKILL): a look
+    every 10 ms alone found them dead together, and a look right after the wait, behind busy ranks
+    on a loaded node, still did one time in eight. The one whose end woke the wait went first."""
 
     def __init__(self):
         self.fds: Dict[int, Optional[int]] = {}   # pid -> its pidfd; None once ended or if it has none
 
-    def wait(self, pids: Sequence[int], seconds: float) -> None:
+    def wait(self, pids: Sequence[int], seconds: float) -> List[int]:
+        """Wait until one of ``pids`` ends, at most ``seconds``; return those whose end was seen in
+        this wait (all that had ended by the time it woke; none after a timeout or without pidfds)."""
         for pid in pids:
             if pid not in self.fds:
                 try:
@@ -430,12 +436,15 @@ class _Exits:
         fds = [fd for fd in self.fds.values() if fd is not None]
         if not fds:
             time.sleep(seconds)
-            return
+            return []
         ended, _, _ = select.select(fds, [], [], seconds)
+        seen = []
         for pid, fd in self.fds.items():
             if fd in ended:                        # stays readable: wait on it no more
                 os.close(fd)
                 self.fds[pid] = None
+                seen.append(pid)
+        return seen
 
     def close(self) -> None:
         for fd in self.fds.values():
