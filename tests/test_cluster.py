@@ -8,7 +8,7 @@ One cluster of three nodes is made for the module and removed at the end. On it:
   nodes (``cluster/isolation_check.py``);
 - every algorithm, op, dtype and awkward length matches MPI's own ``Allreduce`` (the cases of the
   MPI suite's ``test_allreduce.py``, ``cluster/allreduce_check.py``) on 2 nodes x 2 ranks and on 3 nodes with uneven ranks, with block and
-  round-robin placement;
+  round-robin placement; and under Open MPI (``run --mpirun``) on 3 nodes, uneven, round-robin;
 - the bench names the nodes, the ranks on each and the link, adds "link %", and ``auto`` runs
   ``hierarchical`` for a large message and tunes online for a small one;
 - the trainer runs across the nodes and its straggler report names them.
@@ -26,6 +26,7 @@ import pytest
 
 from allreduce_kit import cluster, multinode
 from allreduce_kit.cluster import __main__ as cli
+from test_openmpi_suite import openmpi  # noqa: F401  (the fixture: Open MPI beside the venv's MPICH)
 
 TESTS = Path(__file__).resolve().parent
 PYTHON = sys.executable
@@ -46,11 +47,11 @@ def why_no_cluster():
 needs_cluster = pytest.mark.skipif(why_no_cluster() is not None, reason=str(why_no_cluster()))
 
 
-def command(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def command(*args: str, timeout: float = 120, env=None) -> subprocess.CompletedProcess:
     """``python -m allreduce_kit.cluster ARGS`` from the tests directory (the installed package)."""
     try:
         return subprocess.run([PYTHON, "-m", "allreduce_kit.cluster", *args], cwd=TESTS, capture_output=True,
-                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=env)
     except subprocess.TimeoutExpired:
         command("down")
         pytest.fail(f"cluster {' '.join(args)} did not finish within {timeout} s")
@@ -67,8 +68,8 @@ def nodes():
     assert not cluster.leftovers() and not cluster.STATE_DIR.exists()
 
 
-def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return command("run", "--timeout", str(timeout), *args, timeout=timeout + 30)
+def run(*args: str, timeout: float = 600, env=None) -> subprocess.CompletedProcess:
+    return command("run", "--timeout", str(timeout), *args, timeout=timeout + 30, env=env)
 
 
 def test_not_root_is_one_message_and_status_2(monkeypatch, capsys):
@@ -116,6 +117,9 @@ def test_placements():
     assert cluster.hosts_argument(state, 5, "block", nodes=2) == "node1:3,node2:2"
     with pytest.raises(ValueError, match="add up"):
         cluster.hosts_argument(state, 8, "block", [3, 4])
+    assert cluster.rank_hosts(state, 5, "block", [1, 2, 2]) == ["node1", "node2", "node2", "node3", "node3"]
+    assert cluster.rank_hosts(state, 5, "round-robin") == ["node1", "node2", "node3", "node1", "node2"]
+    assert cluster.rank_hosts(state, 3, "round-robin", nodes=2) == ["node1", "node2", "node1"]
 
 
 def test_cores_are_shared_out():
@@ -158,6 +162,33 @@ def test_every_algorithm_across_nodes(nodes, layout):
     done = run(*layout, "--", PYTHON, *SUITE)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert done.stdout.startswith("passed: "), done.stdout + done.stderr
+
+
+@needs_cluster
+def test_open_mpi_runs_across_the_nodes_too(nodes, openmpi):
+    """``cluster run --mpirun`` with Open MPI's ``mpirun``: ranks placed as asked (uneven, round-robin),
+    the nodes isolated under it too, and every algorithm x op x dtype x length matches its ``Allreduce``."""
+    env = openmpi.environment()
+    layout = ["-n", "5", "--placement", "round-robin", "--mpirun", openmpi.mpirun]
+    where = run(*layout, "--", PYTHON, "-c", "from mpi4py import MPI; import socket; "
+                "print(MPI.COMM_WORLD.Get_rank(), socket.gethostname(), MPI.Get_library_version()[:8])", env=env)
+    assert where.returncode == 0, where.stdout + where.stderr
+    placed = sorted(line.split()[:3] for line in where.stdout.splitlines() if line[:1].isdigit())
+    assert placed == [[str(r), f"node{r % NODES + 1}", "Open"] for r in range(5)], where.stdout
+    done = run(*layout, "--", PYTHON, "-m", "mpi4py", str(TESTS / "cluster" / "isolation_check.py"), str(NODES),
+               env=env)
+    assert done.returncode == 0 and done.stdout.startswith(f"isolated: {NODES} nodes"), done.stdout + done.stderr
+    done = run(*layout, "--", PYTHON, *SUITE, env=env)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    assert done.stdout.startswith("passed: ") and "ranks per node (2, 2, 1)" in done.stdout, done.stdout + done.stderr
+    assert not list(cluster.STATE_DIR.glob("ranks.*")), "the hostfile of each run is removed"
+
+
+def test_a_launcher_that_is_neither_mpi_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="--mpirun .* neither MPICH's mpiexec"):
+        cluster.launcher_kind(sys.executable)
+    with pytest.raises(ValueError, match="--mpirun .*: cannot run it"):
+        cluster.launcher_kind(str(tmp_path / "no-such-mpirun"))
 
 
 @needs_cluster

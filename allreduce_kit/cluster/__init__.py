@@ -24,8 +24,9 @@ share ``/dev/shm``, so a single-copy path or MPI's shared-memory transport cross
 all (docs/multinode.md).
 
 Each direction of each node's link is shaped by ``tc`` (``link.py``). ``cluster run`` starts
-MPICH's ``mpiexec`` (the one beside this Python) with its ``ssh`` launcher pointed at
-``STATE_DIR/enter``, a script that takes ssh's arguments and runs the command on the named node.
+MPICH's ``mpiexec`` (the one beside this Python; or, with ``--mpirun``, MPICH's or Open MPI's)
+with its ``ssh`` launcher pointed at ``STATE_DIR/enter``, a script that takes ssh's arguments and
+runs the command on the named node.
 What ``up`` made is recorded in ``STATE_DIR/state.json``; ``down`` removes it, and also anything
 named ``akc-*`` that an interrupted ``up`` left behind.
 """
@@ -311,17 +312,57 @@ def hosts_argument(state: State, ranks: int, placement: str, per_node: Optional[
     raise ValueError(f"--placement must be block or round-robin, got {placement!r}")
 
 
+def rank_hosts(state: State, ranks: int, placement: str, per_node: Optional[Sequence[int]] = None,
+               nodes: Optional[int] = None) -> List[str]:
+    """The node of each rank, in rank order, for the placement ``hosts_argument`` describes."""
+    hosts = [(host, int(count)) for host, count in
+             (part.split(":") for part in hosts_argument(state, ranks, placement, per_node, nodes).split(","))]
+    if placement == "block":
+        return [host for host, count in hosts for _ in range(count)]
+    return [hosts[r % len(hosts)][0] for r in range(ranks)]
+
+
+def launcher_kind(mpirun: str) -> str:
+    """``"mpich"`` for MPICH's ``mpiexec`` (Hydra), ``"openmpi"`` for Open MPI's ``mpirun``, read
+    from ``mpirun --version``; ``ValueError`` naming ``--mpirun`` for anything else."""
+    try:
+        said = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise ValueError(f"--mpirun {mpirun}: cannot run it: {error}") from None
+    text = said.stdout + said.stderr
+    if "HYDRA" in text:
+        return "mpich"
+    if "Open MPI" in text or "PRRTE" in text:
+        return "openmpi"
+    first = text.strip().splitlines()[0] if text.strip() else "it printed no version"
+    raise ValueError(f"--mpirun {mpirun} is neither MPICH's mpiexec (Hydra) nor Open MPI's mpirun ({first})")
+
+
 def mpiexec_command(state: State, ranks: int, command: Sequence[str], placement: str = "block",
-                    per_node: Optional[Sequence[int]] = None, nodes: Optional[int] = None) -> List[str]:
-    """The ``mpiexec`` line that runs ``command`` as ``ranks`` ranks across the cluster."""
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    if not mpiexec.exists():
-        found = shutil.which("mpiexec")
-        if found is None:
-            raise ClusterError(f"no mpiexec beside {sys.executable} or on PATH (pip install mpich)")
-        mpiexec = Path(found)
-    return [str(mpiexec), "-launcher", "ssh", "-launcher-exec", str(STATE_DIR / "enter"),
-            "-hosts", hosts_argument(state, ranks, placement, per_node, nodes), "-iface", BRIDGE, "-n", str(ranks), *command]
+                    per_node: Optional[Sequence[int]] = None, nodes: Optional[int] = None,
+                    mpirun: Optional[str] = None, hostfile: Optional[Path] = None) -> List[str]:
+    """The launch line that runs ``command`` as ``ranks`` ranks across the cluster: with MPICH's
+    ``mpiexec`` (``mpirun`` None: the one beside this Python), or with ``mpirun`` (MPICH's or Open
+    MPI's, ``launcher_kind``). Open MPI places rank r on line r of ``hostfile`` (``--map-by seq``),
+    which this writes; its daemons start through ``enter`` as MPICH's proxies do."""
+    if mpirun is None:
+        found = Path(sys.executable).parent / "mpiexec"
+        if not found.exists():
+            found = shutil.which("mpiexec")
+            if found is None:
+                raise ClusterError(f"no mpiexec beside {sys.executable} or on PATH (pip install mpich)")
+        mpirun, kind = str(found), "mpich"
+    else:
+        kind = launcher_kind(mpirun)
+    if kind == "mpich":
+        return [mpirun, "-launcher", "ssh", "-launcher-exec", str(STATE_DIR / "enter"),
+                "-hosts", hosts_argument(state, ranks, placement, per_node, nodes), "-iface", BRIDGE, "-n", str(ranks),
+                *command]
+    if hostfile is None:
+        raise ValueError("Open MPI's mpirun places the ranks from a hostfile: pass hostfile")
+    hostfile.write_text("".join(f"{host}\n" for host in rank_hosts(state, ranks, placement, per_node, nodes)))
+    return [mpirun, "--oversubscribe", "--prtemca", "plm_ssh_agent", str(STATE_DIR / "enter"),
+            "--hostfile", str(hostfile), "--map-by", "seq", "-n", str(ranks), *command]
 
 
 def run_environment() -> Dict[str, str]:
@@ -332,4 +373,6 @@ def run_environment() -> Dict[str, str]:
     env.setdefault("FI_TCP_IFACE", "eth0")
     env.setdefault("FI_PROVIDER", "tcp")
     env.setdefault("UCX_NET_DEVICES", "eth0")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")           # the cluster runs as root; Open MPI asks for both
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     return env

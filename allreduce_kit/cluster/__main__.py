@@ -7,8 +7,8 @@ import subprocess
 import sys
 from typing import List, Optional
 
-from . import (BRIDGE, ClusterError, State, down, link, mpiexec_command, on_node, require, run_environment, up,
-               why_not_here)
+from . import (BRIDGE, STATE_DIR, ClusterError, State, down, link, mpiexec_command, on_node, require,
+               run_environment, up, why_not_here)
 from ..cli import DefaultsFormatter
 
 PROG = "python -m allreduce_kit.cluster"
@@ -57,7 +57,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--own-cores", action="store_true",
                    help="run each node on its own share of this machine's cores (default: every node on all of them)")
     p = sub.add_parser("run", formatter_class=DefaultsFormatter, help="run an MPI job across the nodes",
-                       description="Run COMMAND as N MPI ranks across the cluster with MPICH's mpiexec.")
+                       description="Run COMMAND as N MPI ranks across the cluster with MPICH's mpiexec (or "
+                                   "with Open MPI's mpirun: --mpirun).")
     p.add_argument("-n", type=_positive, required=True, help="number of ranks")
     p.add_argument("--placement", choices=("block", "round-robin"), default="block",
                    help="block: each node's ranks consecutive; round-robin: rank r on node r mod nodes")
@@ -65,6 +66,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ranks-per-node", type=_counts, default=None,
                    help="ranks on each node in turn, e.g. 3,5 (block placement; default: as even as possible)")
     p.add_argument("--timeout", type=float, default=None, help="end the job after this many seconds")
+    p.add_argument("--mpirun", default=None, metavar="PATH",
+                   help="launch with this MPICH mpiexec or Open MPI mpirun (told apart by --version; default: the "
+                        "mpiexec beside this Python)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     p = sub.add_parser("status", formatter_class=DefaultsFormatter, help="show nodes and links, measure the links",
                        description="Show the nodes, their links' rates and the bandwidth measured between the first "
@@ -179,8 +183,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                 show(state)
         else:
             state = require()
+            hostfile = STATE_DIR / f"ranks.{os.getpid()}"   # where Open MPI reads each rank's node
             try:
-                command = mpiexec_command(state, args.n, args.cmd, args.placement, args.ranks_per_node, args.nodes)
+                command = mpiexec_command(state, args.n, args.cmd, args.placement, args.ranks_per_node, args.nodes,
+                                          args.mpirun, hostfile)
             except ValueError as error:
                 print(f"{PROG}: error: {error}", file=sys.stderr)
                 return 2
@@ -197,6 +203,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                         job.wait(timeout=5)
                     except subprocess.TimeoutExpired:
                         os.killpg(job.pid, signal.SIGKILL)
+                if hostfile.exists():
+                    hostfile.unlink()
     except ValueError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
