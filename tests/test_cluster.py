@@ -170,11 +170,16 @@ def test_open_mpi_runs_across_the_nodes_too(nodes, openmpi):
     the nodes isolated under it too, and every algorithm x op x dtype x length matches its ``Allreduce``."""
     env = openmpi.environment()
     layout = ["-n", "5", "--placement", "round-robin", "--mpirun", openmpi.mpirun]
-    where = run(*layout, "--", PYTHON, "-c", "from mpi4py import MPI; import socket; "
-                "print(MPI.COMM_WORLD.Get_rank(), socket.gethostname(), MPI.Get_library_version()[:8])", env=env)
+    where = run(*layout, "--", PYTHON, "-c", "from mpi4py import MPI; import os, socket; "
+                "print(MPI.COMM_WORLD.Get_rank(), socket.gethostname(), MPI.Get_library_version()[:8], "
+                "os.environ.get('OMPI_MCA_mpi_yield_when_idle'))", env=env)
     assert where.returncode == 0, where.stdout + where.stderr
     placed = sorted(line.split()[:3] for line in where.stdout.splitlines() if line[:1].isdigit())
     assert placed == [[str(r), f"node{r % NODES + 1}", "Open"] for r in range(5)], where.stdout
+    # the nodes share this machine's cores: with more ranks than cores, waiting ranks yield
+    shared = 5 > len(os.sched_getaffinity(0))
+    assert all(line.split()[-1] == ("1" if shared else "None") for line in where.stdout.splitlines()
+               if line[:1].isdigit()), where.stdout
     done = run(*layout, "--", PYTHON, "-m", "mpi4py", str(TESTS / "cluster" / "isolation_check.py"), str(NODES),
                env=env)
     assert done.returncode == 0 and done.stdout.startswith(f"isolated: {NODES} nodes"), done.stdout + done.stderr

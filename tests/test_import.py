@@ -74,6 +74,7 @@ LAUNCHED = """
 import json, os, sys
 from mpi4py import MPI
 print(json.dumps({"yield": os.environ.get("MPIR_CVAR_ENABLE_HEAVY_YIELD"),
+                  "open_mpi_yield": os.environ.get("OMPI_MCA_mpi_yield_when_idle"),
                   "hook": getattr(sys.excepthook, "_allreduce_kit_abort", False),
                   "argv": sys.argv, "name": __name__}))
 """
@@ -84,7 +85,7 @@ def launch(tmp_path, env, *args):
 
     script = tmp_path / "show.py"
     script.write_text(LAUNCHED)
-    full = {k: v for k, v in os.environ.items() if k != "MPIR_CVAR_ENABLE_HEAVY_YIELD"}
+    full = {k: v for k, v in os.environ.items() if k not in ("MPIR_CVAR_ENABLE_HEAVY_YIELD", "OMPI_MCA_mpi_yield_when_idle")}
     result = subprocess.run([sys.executable, "-m", "allreduce_kit.run", str(script), *args], capture_output=True,
                             text=True, timeout=120, cwd=tmp_path, env=dict(full, **env))
     assert result.returncode == 0, result.stderr
@@ -93,7 +94,8 @@ def launch(tmp_path, env, *args):
 
 def test_the_launcher_sets_yield_before_mpi_starts_and_installs_the_abort_hook(tmp_path):
     seen = launch(tmp_path, {"MPI_LOCALNRANKS": "4096"}, "--flag", "x")
-    assert seen == {"yield": "1", "hook": True, "argv": [str(tmp_path / "show.py"), "--flag", "x"], "name": "__main__"}
+    assert seen == {"yield": "1", "open_mpi_yield": None, "hook": True, "argv": [str(tmp_path / "show.py"), "--flag", "x"],
+                    "name": "__main__"}
 
 
 @pytest.mark.parametrize("env,expected_yield", [
@@ -111,6 +113,19 @@ def test_the_launcher_sets_yield_before_mpi_starts_and_installs_the_abort_hook(t
 ])
 def test_the_launcher_sets_yield_only_when_oversubscribed_on_one_node_and_unset(tmp_path, env, expected_yield):
     assert launch(tmp_path, env)["yield"] == expected_yield
+
+
+@pytest.mark.parametrize("env,expected_yield", [
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "4096", "OMPI_COMM_WORLD_SIZE": "4096"}, "1"),
+    # Open MPI's yield is a sched_yield, no sleep: a job that spans nodes wants it too
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "4096", "OMPI_COMM_WORLD_SIZE": "8192"}, "1"),
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "1", "OMPI_COMM_WORLD_SIZE": "2"}, None),       # a core each: no need
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "4096", "OMPI_COMM_WORLD_SIZE": "4096", "OMPI_MCA_mpi_yield_when_idle": "0"}, "0"),
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "4096", "OMPI_COMM_WORLD_SIZE": "4096", "ALLREDUCE_KIT_YIELD": "0"}, None),
+])
+def test_under_open_mpi_the_launcher_sets_its_yield_instead(tmp_path, env, expected_yield):
+    seen = launch(tmp_path, env)
+    assert seen["open_mpi_yield"] == expected_yield and seen["yield"] is None
 
 
 def test_the_launcher_honours_abort_on_error_0(tmp_path):

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from . import link
+from .. import config, run
 
 #: Where the cluster's state, the launcher script and each node's hosts file live.
 STATE_DIR = Path("/run/allreduce_kit-cluster")
@@ -365,9 +366,12 @@ def mpiexec_command(state: State, ranks: int, command: Sequence[str], placement:
             "--hostfile", str(hostfile), "--map-by", "seq", "-n", str(ranks), *command]
 
 
-def run_environment() -> Dict[str, str]:
+def run_environment(ranks: int = 0, open_mpi: bool = False) -> Dict[str, str]:
     """The environment ranks run with: MPI's traffic between nodes on each node's ``eth0``, and
-    this Python's directory first on ``PATH``, so that ``python`` in the command is this one."""
+    this Python's directory first on ``PATH``, so that ``python`` in the command is this one.
+    Under Open MPI (``open_mpi``) with more ``ranks`` than this machine has cores, waiting ranks
+    yield (``OMPI_MCA_mpi_yield_when_idle=1``, unless set): the nodes share the machine's cores,
+    which a rank cannot see before MPI starts (``run.enable_heavy_yield`` sees only its node)."""
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.setdefault("FI_TCP_IFACE", "eth0")
@@ -375,4 +379,6 @@ def run_environment() -> Dict[str, str]:
     env.setdefault("UCX_NET_DEVICES", "eth0")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")           # the cluster runs as root; Open MPI asks for both
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    if open_mpi and ranks > len(os.sched_getaffinity(0)) and config.read(config.YIELD, env):
+        env.setdefault(run.OPEN_MPI_YIELD, "1")
     return env

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from typing import List, Optional
 
-from . import (BRIDGE, STATE_DIR, ClusterError, State, down, link, mpiexec_command, on_node, require,
-               run_environment, up, why_not_here)
+from . import (BRIDGE, STATE_DIR, ClusterError, State, down, launcher_kind, link, mpiexec_command, on_node,
+               require, run_environment, up, why_not_here)
 from ..cli import DefaultsFormatter
 
 PROG = "python -m allreduce_kit.cluster"
@@ -190,7 +190,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             except ValueError as error:
                 print(f"{PROG}: error: {error}", file=sys.stderr)
                 return 2
-            job = subprocess.Popen(command, env=run_environment(), start_new_session=True)
+            open_mpi = args.mpirun is not None and launcher_kind(args.mpirun) == "openmpi"
+            job = subprocess.Popen(command, env=run_environment(args.n, open_mpi), start_new_session=True)
             try:
                 return job.wait(timeout=args.timeout)
             except subprocess.TimeoutExpired:
