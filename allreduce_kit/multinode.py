@@ -33,9 +33,10 @@ layout in ways the model has no term for: on 2 cores at 2 nodes x 4 ranks and 4 
 ``tree`` and ``recursive_doubling`` took 0.63x-0.95x its time from 32 B to 512 B, and it was the
 fastest at 8 B (docs/multinode.md). So below ``tuned_below`` (where the fixed cost of a round, not
 the link's bytes, decides) online tuning times the model's choice against ``CANDIDATES`` on the
-first calls of each size class and keeps the fastest (``online.py``); from there on the model
-decides alone (exploring the flat exchange there would send many times the bytes the link must
-carry, for seconds per call at 64 MiB). Placement (block or round-robin) does not change the
+first calls of each size class and keeps the fastest (``online.py``); from there on it times
+MPI's own call alone against the model's choice (``LARGE_CANDIDATES``): some MPIs' own calls are
+node-aware at large sizes too, and exploring the flat exchange there would send many times the
+bytes the link must carry, for seconds per call at 64 MiB. Placement (block or round-robin) does not change the
 model's choice: ``hierarchical``'s traffic is the same either way, and the flat exchange's is at
 best what the model assumes (docs/multinode.md).
 """
@@ -53,6 +54,12 @@ OVERSUBSCRIBED = 8
 #: messages with lg P rounds), and ``hierarchical``, which may overtake them before the model's
 #: crossover (an estimate: at 2 nodes x 4 ranks on 2 cores it took 0.85x MPI's time at 64 KiB).
 CANDIDATES = ("mpi", "recursive_doubling", "tree", "hierarchical")
+#: What online tuning times besides the model's choice from ``tuned_below`` up: MPI's own call
+#: alone, which may be node-aware there too (Open MPI 5's ``han``: at 2 nodes x 4 ranks, 16 MiB,
+#: it drove the link to the full where ``hierarchical`` reached 74-84%, and at 4 x 2 it reached
+#: 28-31% where ``hierarchical`` reached 91-94%; MPICH's at 52-83%). Not the flat exchanges: one
+#: tried there would carry up to l times the bytes the link must, for seconds per call at 64 MiB.
+LARGE_CANDIDATES = ("mpi",)
 
 
 def choose(layout: Topology, nbytes: int) -> str:
@@ -74,9 +81,15 @@ def crossover(layout: Topology) -> int:
 
 
 def tuned_below(layout: Topology) -> int:
-    """The smallest message, in bytes, whose choice online tuning leaves to the model: where the
-    model changes to the algorithm that moves the fewest bytes over the link."""
+    """The smallest message, in bytes, from which online tuning times only MPI's own call against
+    the model's choice: where the model changes to the algorithm that moves the fewest bytes over
+    the link."""
     return crossover(layout) if max(layout.ranks_per_node) > 1 else LATENCY_BYTES
+
+
+def candidates(layout: Topology, nbytes: int) -> tuple:
+    """What online tuning times besides the model's choice for ``nbytes`` bytes on ``layout``."""
+    return CANDIDATES if nbytes < tuned_below(layout) else LARGE_CANDIDATES
 
 
 class NodeAware:
@@ -100,5 +113,6 @@ class NodeAware:
         return choose(self.layout, nbytes)
 
     def untimed(self, nbytes: int) -> bool:
-        """The model's choice for ``nbytes`` stands without online tuning."""
-        return nbytes >= tuned_below(self.layout)
+        """The model's choice for ``nbytes`` stands without online tuning: never, since online
+        tuning times MPI's own call against it at every size (``candidates``)."""
+        return False

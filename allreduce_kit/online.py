@@ -3,12 +3,13 @@ class, agree across ranks, keep the fastest, and look again when its time drifts
 
 A size class is a power-of-two range of message sizes (``2**k`` to ``2**(k+1) - 1`` bytes).
 On one node wherever the built-in table would choose (a tuning file's rules are followed as
-written where they measured), and across nodes below ``multinode.tuned_below`` (from there the
-node-aware cost model decides alone), the first calls of a class on a communicator explore:
+written where they measured), and across nodes (below ``multinode.tuned_below`` among several,
+from there the node-aware cost model's choice against MPI's own call only), the first calls of a
+class on a communicator explore:
 
 1. the candidates are the table's (or the model's) choice and a short list for the size: on one
    node ``CANDIDATES``, less what cannot win where the ranks read each other's buffers
-   (``DOMINATED_WITH_DIRECT``); across nodes ``multinode.CANDIDATES``;
+   (``DOMINATED_WITH_DIRECT``); across nodes ``multinode.candidates``;
 2. the calls take turns by candidate: ``block`` calls in a row each, one untimed round (the first
    call of an algorithm allocates its window or scratch) and then ``ROUNDS`` timed rounds, each
    round in a rotated order; every rank times its own calls (``perf_counter``), all but the
@@ -177,8 +178,8 @@ class Tuner:
         #: The ranks read and write each other's buffers with the compiled kernels, so the
         #: algorithms that can (``two_shot``, ``ring``, ``rabenseifner``) do (``candidates_for``).
         self.direct = direct
-        #: The list tried across nodes (``None`` on one node).
-        self.across = None if lib.layout.single_node else multinode.CANDIDATES
+        #: Where the ranks sit across nodes (``None`` on one node): the list tried depends on it.
+        self.across = None if lib.layout.single_node else lib.layout
         self.layout = f"{lib.nranks}/{lib.layout.nodes}"
         self.rank, self.nranks, self.nodes = lib.myrank, lib.nranks, lib.layout.nodes
         self.classes: Dict[int, SizeClass] = {}
@@ -187,13 +188,17 @@ class Tuner:
         for low, entry in (auto.saved.get(self.layout) or {}).items():
             low = int(low)
             if low > 0 and low & (low - 1) == 0 and not auto.untimed(low):
-                names, block = candidates_for(low, auto.choose(low), self.direct, self.across)
+                names, block = candidates_for(low, auto.choose(low), self.direct, self._across(low))
                 names = tuple(dict.fromkeys((entry["algorithm"],) + names))
                 saved = SizeClass(low, names, block, entry["algorithm"])
                 times = entry.get("times_us") or {}
                 saved.reference = float(times.get(entry["algorithm"], 0.0)) / 1e6
                 saved.times = {n: float(t) / 1e6 for n, t in times.items()}
                 self.classes[low] = saved
+
+    def _across(self, nbytes: int) -> Optional[Tuple[str, ...]]:
+        """The list tried across nodes for ``nbytes`` (``multinode.candidates``); ``None`` on one node."""
+        return None if self.across is None else multinode.candidates(self.across, nbytes)
 
     def class_for(self, nbytes: int) -> SizeClass:
         """The class that ``nbytes`` belongs to (made the first time; local, sends nothing)."""
@@ -208,7 +213,7 @@ class Tuner:
             found = self.classes.get(low)
             if found is None:
                 found = self.classes[low] = SizeClass(
-                    low, *candidates_for(nbytes, self.auto.choose(nbytes), self.direct, self.across))
+                    low, *candidates_for(nbytes, self.auto.choose(nbytes), self.direct, self._across(nbytes)))
         if len(self.by_nbytes) < MEMO_SIZES:
             self.by_nbytes[nbytes] = found
         return found

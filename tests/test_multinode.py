@@ -72,16 +72,18 @@ def test_every_choice_is_registered_and_auto_says_where_it_comes_from():
             assert auto.choose(nbytes) in ALGORITHMS
 
 
-def test_online_tuning_times_only_the_sizes_below_the_bandwidth_bound_choice():
+def test_online_tuning_times_mpis_own_call_alone_against_the_bandwidth_bound_choice():
     """Below ``tuned_below`` the model's choice is timed against the few-round algorithms; from
-    there on (``hierarchical``, or ``ring`` with one rank per node) the model decides alone."""
-    assert set(multinode.CANDIDATES) <= set(ALGORITHMS)
+    there on (``hierarchical``, or ``ring`` with one rank per node) against MPI's own call only,
+    never against a flat exchange that would carry many times the link's bytes."""
+    assert set(multinode.CANDIDATES) <= set(ALGORITHMS) and set(multinode.LARGE_CANDIDATES) <= set(ALGORITHMS)
     for shape in ((4, 4), (2, 2, 2, 2), (3, 5), (1, 1), (1, 1, 1, 1)):
         auto = multinode.NodeAware(layout(*shape))
         edge = multinode.tuned_below(auto.layout)
         assert edge == (multinode.crossover(auto.layout) if max(shape) > 1 else multinode.LATENCY_BYTES)
-        assert not auto.untimed(8) and not auto.untimed(edge - 1)
-        assert auto.untimed(edge) and auto.untimed(64 << 20)
+        assert not any(auto.untimed(n) for n in (8, edge - 1, edge, 64 << 20))
+        assert multinode.candidates(auto.layout, edge - 1) == multinode.CANDIDATES
+        assert multinode.candidates(auto.layout, edge) == multinode.candidates(auto.layout, 64 << 20) == ("mpi",)
         assert auto.choose(edge) in ("hierarchical", "ring") and auto.choose(edge - 1) in multinode.CANDIDATES
     assert multinode.NodeAware(layout(2, 2), {"4/2": {"1024": {"algorithm": "tree"}}}).saved == {
         "4/2": {"1024": {"algorithm": "tree"}}}

@@ -343,8 +343,8 @@ def test_a_saved_class_is_settled_where_the_builtin_table_decides_only(tmp_path)
 
 def test_across_nodes_the_tuner_times_the_few_round_algorithms_below_the_cost_models_edge_only():
     """Across nodes the cost model's choice is the prior; below ``multinode.tuned_below`` the
-    class explores ``multinode.CANDIDATES``, from there the model's choice runs untimed, and a
-    class saved for the layout starts settled."""
+    class explores ``multinode.CANDIDATES``, from there the model's choice against MPI's own call
+    alone, and a class saved for the layout starts settled."""
     top = Topology.from_parts(0, [0, 0, 1, 1, 2, 2, 3, 3], [2] * 4, ["n1", "n2", "n3", "n4"])
 
     class Lib:
@@ -357,6 +357,8 @@ def test_across_nodes_the_tuner_times_the_few_round_algorithms_below_the_cost_mo
     assert small.exploring and small.candidates == ("mpi", "recursive_doubling", "tree", "hierarchical")
     assert tuner.choice(edge - 1) == "mpi", "the model's choice while the class explores"
     large = tuner.class_for(edge)
-    assert large.candidates == ("hierarchical",) and not large.exploring and large.quiet > 1 << 40
+    assert large.candidates == ("hierarchical", "mpi") and large.exploring
+    assert tuner.class_for(64 << 20).exploration_calls == 10, "one call per turn at 64 MiB: 2 x (1 + 4 rounds)"
+    assert tuner.choice(edge) == "hierarchical", "the model's choice while the class explores"
     assert tuner.choice(100) == C and not tuner.class_for(100).exploring, "saved for 8 ranks on 4 nodes"
     assert tuner.class_for(100).reference == pytest.approx(50e-6)
