@@ -41,7 +41,7 @@ model's choice: ``hierarchical``'s traffic is the same either way, and the flat 
 best what the model assumes (docs/multinode.md).
 """
 import math
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 from .topology import Topology
 
@@ -87,7 +87,7 @@ def tuned_below(layout: Topology) -> int:
     return crossover(layout) if max(layout.ranks_per_node) > 1 else LATENCY_BYTES
 
 
-def candidates(layout: Topology, nbytes: int) -> tuple:
+def candidates(layout: Topology, nbytes: int) -> Tuple[str, ...]:
     """What online tuning times besides the model's choice for ``nbytes`` bytes on ``layout``."""
     return CANDIDATES if nbytes < tuned_below(layout) else LARGE_CANDIDATES
 

@@ -34,7 +34,7 @@ HEAVY_YIELD = "MPIR_CVAR_ENABLE_HEAVY_YIELD"
 #: Open MPI's switch for the same (read when MPI starts): its waiting ranks call ``sched_yield``
 #: between polls, which costs a message from another node nothing, so it is set for a job that
 #: spans nodes too. Without it, 2 nodes x 4 ranks on 2 cores (the emulated cluster), MPI's own 8 B
-#: ``Allreduce`` took 50-64 ms instead of 0.14 ms.
+#: ``Allreduce`` took 64 ms instead of 0.14 ms (one bench run each).
 OPEN_MPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"
 
 #: Whether ``prepare`` set ``HEAVY_YIELD`` in this process (for the CLIs' reports).

@@ -39,7 +39,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import link
 from .. import config, run
@@ -295,32 +295,36 @@ def rank_counts(ranks: int, nodes: int, per_node: Optional[Sequence[int]] = None
     return [ranks // nodes + (i < ranks % nodes) for i in range(min(nodes, ranks))]
 
 
-def hosts_argument(state: State, ranks: int, placement: str, per_node: Optional[Sequence[int]] = None,
-                   nodes: Optional[int] = None) -> str:
-    """MPICH's ``-hosts`` for the placement over the first ``nodes`` nodes (default all): ``block``
-    fills node after node with its share, ``round-robin`` deals ranks to the nodes in turn (rank r
-    on node r mod N)."""
+def _slots(state: State, ranks: int, placement: str, per_node: Optional[Sequence[int]] = None,
+           nodes: Optional[int] = None) -> List[Tuple[str, int]]:
+    """(host, ranks in a row) over the first ``nodes`` nodes (default all): ``block`` fills node
+    after node with its share, ``round-robin`` deals ranks to the nodes in turn, one at a time."""
     if nodes is not None and not 1 <= nodes <= len(state.nodes):
         raise ValueError(f"--nodes must be between 1 and the cluster's {len(state.nodes)}, got {nodes}")
     counts = rank_counts(ranks, nodes or len(state.nodes), per_node)
     used = state.nodes[:len(counts)]
     if placement == "block":
-        return ",".join(f"{n.host}:{c}" for n, c in zip(used, counts))
+        return [(n.host, c) for n, c in zip(used, counts)]
     if placement == "round-robin":
         if per_node:
             raise ValueError("--ranks-per-node goes with --placement block")
-        return ",".join(f"{n.host}:1" for n in used)
+        return [(n.host, 1) for n in used]
     raise ValueError(f"--placement must be block or round-robin, got {placement!r}")
+
+
+def hosts_argument(state: State, ranks: int, placement: str, per_node: Optional[Sequence[int]] = None,
+                   nodes: Optional[int] = None) -> str:
+    """MPICH's ``-hosts`` for the placement (``_slots``; round-robin: rank r on node r mod N)."""
+    return ",".join(f"{host}:{count}" for host, count in _slots(state, ranks, placement, per_node, nodes))
 
 
 def rank_hosts(state: State, ranks: int, placement: str, per_node: Optional[Sequence[int]] = None,
                nodes: Optional[int] = None) -> List[str]:
-    """The node of each rank, in rank order, for the placement ``hosts_argument`` describes."""
-    hosts = [(host, int(count)) for host, count in
-             (part.split(":") for part in hosts_argument(state, ranks, placement, per_node, nodes).split(","))]
+    """The node of each rank, in rank order, for the placement (what ``hosts_argument`` tells MPICH)."""
+    slots = _slots(state, ranks, placement, per_node, nodes)
     if placement == "block":
-        return [host for host, count in hosts for _ in range(count)]
-    return [hosts[r % len(hosts)][0] for r in range(ranks)]
+        return [host for host, count in slots for _ in range(count)]
+    return [slots[r % len(slots)][0] for r in range(ranks)]
 
 
 def launcher_kind(mpirun: str) -> str:
@@ -341,11 +345,12 @@ def launcher_kind(mpirun: str) -> str:
 
 def mpiexec_command(state: State, ranks: int, command: Sequence[str], placement: str = "block",
                     per_node: Optional[Sequence[int]] = None, nodes: Optional[int] = None,
-                    mpirun: Optional[str] = None, hostfile: Optional[Path] = None) -> List[str]:
+                    mpirun: Optional[str] = None, hostfile: Optional[Path] = None,
+                    kind: Optional[str] = None) -> List[str]:
     """The launch line that runs ``command`` as ``ranks`` ranks across the cluster: with MPICH's
     ``mpiexec`` (``mpirun`` None: the one beside this Python), or with ``mpirun`` (MPICH's or Open
-    MPI's, ``launcher_kind``). Open MPI places rank r on line r of ``hostfile`` (``--map-by seq``),
-    which this writes; its daemons start through ``enter`` as MPICH's proxies do."""
+    MPI's: ``kind``, else ``launcher_kind``). Open MPI places rank r on line r of ``hostfile``
+    (``--map-by seq``), which this writes; its daemons start through ``enter`` as MPICH's proxies do."""
     if mpirun is None:
         found = Path(sys.executable).parent / "mpiexec"
         if not found.exists():
@@ -353,7 +358,7 @@ def mpiexec_command(state: State, ranks: int, command: Sequence[str], placement:
             if found is None:
                 raise ClusterError(f"no mpiexec beside {sys.executable} or on PATH (pip install mpich)")
         mpirun, kind = str(found), "mpich"
-    else:
+    elif kind is None:
         kind = launcher_kind(mpirun)
     if kind == "mpich":
         return [mpirun, "-launcher", "ssh", "-launcher-exec", str(STATE_DIR / "enter"),

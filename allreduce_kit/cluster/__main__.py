@@ -185,13 +185,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             state = require()
             hostfile = STATE_DIR / f"ranks.{os.getpid()}"   # where Open MPI reads each rank's node
             try:
+                kind = launcher_kind(args.mpirun) if args.mpirun is not None else "mpich"
                 command = mpiexec_command(state, args.n, args.cmd, args.placement, args.ranks_per_node, args.nodes,
-                                          args.mpirun, hostfile)
+                                          args.mpirun, hostfile, kind)
             except ValueError as error:
                 print(f"{PROG}: error: {error}", file=sys.stderr)
                 return 2
-            open_mpi = args.mpirun is not None and launcher_kind(args.mpirun) == "openmpi"
-            job = subprocess.Popen(command, env=run_environment(args.n, open_mpi), start_new_session=True)
+            job = subprocess.Popen(command, env=run_environment(args.n, kind == "openmpi"), start_new_session=True)
             try:
                 return job.wait(timeout=args.timeout)
             except subprocess.TimeoutExpired:
