@@ -135,7 +135,8 @@ class Repeat:
     __slots__ = ("lib", "watch", "ref", "shape", "dtype", "op", "reduction", "algorithm", "settled", "winner", "fn",
                  "kernel", "address", "code", "divisor", "watched", "native", "native_op")
 
-    #: Calls (buffer and algorithm) remembered per communicator; all are forgotten when one more comes.
+    #: Calls (buffer and algorithm) remembered per communicator; all are forgotten when one more
+    #: comes, and each goes the full path again at its next call (and is kept anew at the one after).
     SIZE = 16
 
     def __init__(self, lib, buf: np.ndarray, op, name: str, algorithm: str, settled, winner: str):
@@ -161,8 +162,9 @@ class Repeat:
         if key in lib.repeats:
             lib.repeats[key] = LAST[0] = Repeat(lib, buf, op, name, algorithm, settled, winner)
             return
-        if len(lib.repeats) >= Repeat.SIZE:
+        if len(lib.repeats) >= Repeat.SIZE:  # forgotten together, also the one the next call looks at first
             lib.repeats.clear()
+            LAST[0] = None
         lib.repeats[key] = None
 
     @staticmethod

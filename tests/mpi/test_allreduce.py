@@ -373,3 +373,30 @@ def test_repeated_calls_on_one_buffer_follow_every_change_to_it(algorithm):
     buf.flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):
         allreduce(buf, algorithm=algorithm)
+
+
+@pytest.mark.mpi
+def test_kept_calls_are_forgotten_together_and_kept_anew():
+    """Once ``collective.Repeat.SIZE`` calls are kept, one more forgets them all, also the one
+    used last: its buffer's next call takes the full path (and is noted), the one after is kept."""
+    from allreduce_kit import collective
+
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank returns before anything is kept")
+    kept = library_comm(world).repeats
+    kept.clear()
+    fillers = [np.ones(4) for _ in range(collective.Repeat.SIZE - 1)]
+    for filler in fillers:
+        allreduce(filler, algorithm="naive")
+    loop = np.ones(100)
+    for _ in range(2):
+        allreduce(loop, algorithm="ring")
+    assert len(kept) == collective.Repeat.SIZE and collective.LAST[0] is kept[(id(loop), "ring")]
+    allreduce(np.ones(100), algorithm="ring")  # one more: everything is forgotten
+    assert len(kept) == 1 and collective.LAST[0] is None
+    for sent in range(2):
+        loop[:] = world.Get_rank() + sent
+        allreduce(loop, algorithm="ring")
+        assert np.array_equal(loop, np.full(100, sum(range(world.Get_size())) + world.Get_size() * sent, np.float64))
+        assert (id(loop), "ring") in kept and (kept[(id(loop), "ring")] is None) == (sent == 0)
