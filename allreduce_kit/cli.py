@@ -35,10 +35,11 @@ def say(*args: Any, comm: Any = None, **kwargs: Any) -> None:
 
 
 class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Says each option's default, except where there is none to say (``None``)."""
+    """Says each option's default, except where there is none to say (``None``) or the help
+    says it in its own words ("(default: ...)")."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default is None:
+        if action.default is None or "(default:" in (action.help or ""):
             return action.help or ""
         return super()._get_help_string(action)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TESTS
+from test_cli_contract import says_a_default_twice
 
 # Every script (a module that runs as __main__; training_runs.py is a helper the scripts import).
 SCRIPTS = sorted(p for p in (TESTS.parent / "benchmarks").glob("*.py") if "__main__" in p.read_text())
@@ -41,7 +42,8 @@ def test_help_describes_every_option(script):
     assert done.returncode == 0, done.stderr[-2000:]
     line = next(line for line in done.stdout.splitlines() if line.startswith("UNDESCRIBED "))
     assert line == "UNDESCRIBED []", f"{script.name}: options without a description: {line[12:]}"
-    assert _run([script, "--help"]).returncode == 0
+    helped = _run([script, "--help"])
+    assert helped.returncode == 0 and not says_a_default_twice(helped.stdout), helped.stdout
 
 
 @pytest.mark.parametrize("script,known", [("train_targets.py", "wall, yield"), ("fault_latency.py", "stall, train-stall")])

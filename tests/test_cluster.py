@@ -26,6 +26,7 @@ import pytest
 
 from allreduce_kit import cluster, multinode
 from allreduce_kit.cluster import __main__ as cli
+from test_cli_contract import says_a_default_twice
 from test_openmpi_suite import openmpi  # noqa: F401  (the fixture: Open MPI beside the venv's MPICH)
 
 TESTS = Path(__file__).resolve().parent
@@ -81,6 +82,8 @@ def test_not_root_is_one_message_and_status_2(monkeypatch, capsys):
 
 def test_help_version_and_bad_options():
     assert command("--help").returncode == 0 and "usage:" in command("up", "--help").stdout
+    for sub in ("up", "run", "down", "status"):
+        assert not says_a_default_twice(command(sub, "--help").stdout), sub
     from allreduce_kit import __version__
 
     assert command("--version").stdout.strip() == f"allreduce_kit {__version__}"
