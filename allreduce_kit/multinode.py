@@ -36,9 +36,9 @@ the link's bytes, decides) online tuning times the model's choice against ``CAND
 first calls of each size class and keeps the fastest (``online.py``); from there on it times
 MPI's own call alone against the model's choice (``LARGE_CANDIDATES``): some MPIs' own calls are
 node-aware at large sizes too, and exploring the flat exchange there would send many times the
-bytes the link must carry, for seconds per call at 64 MiB. Placement (block or round-robin) does not change the
-model's choice: ``hierarchical``'s traffic is the same either way, and the flat exchange's is at
-best what the model assumes (docs/multinode.md).
+bytes the link must carry, for seconds per call at 64 MiB. Placement (block or round-robin) does
+not change the model's choice: ``hierarchical``'s traffic is the same either way, and the flat
+exchange's is at best what the model assumes (docs/multinode.md).
 """
 import math
 from typing import Dict, Optional, Tuple
@@ -56,9 +56,9 @@ OVERSUBSCRIBED = 8
 CANDIDATES = ("mpi", "recursive_doubling", "tree", "hierarchical")
 #: What online tuning times besides the model's choice from ``tuned_below`` up: MPI's own call
 #: alone, which may be node-aware there too (Open MPI 5's ``han``: at 2 nodes x 4 ranks, 16 MiB,
-#: it drove the link to the full where ``hierarchical`` reached 74-84%, and at 4 x 2 it reached
-#: 28-31% where ``hierarchical`` reached 91-94%; MPICH's at 52-83%). Not the flat exchanges: one
-#: tried there would carry up to l times the bytes the link must, for seconds per call at 64 MiB.
+#: it drove the link to the full where ``hierarchical`` reached 74-84%, while at 4 x 2 it reached
+#: 29-31%; docs/multinode.md). Not the flat exchanges: one tried there would carry up to l times
+#: the bytes the link must, for seconds per call at 64 MiB.
 LARGE_CANDIDATES = ("mpi",)
 
 
