@@ -303,6 +303,25 @@ def test_bad_supervisor_options_exit_2_with_one_message(args, message, tmp_path)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize("args", [[], ["-n", "2"], ["-n", "2", "--checkpoint-dir", "x"]])
+@pytest.mark.parametrize("variable", ["PMI_RANK", "OMPI_COMM_WORLD_RANK"])
+def test_under_mpirun_the_supervisor_says_so_first_and_only_on_rank_0(args, variable, monkeypatch, capsys):
+    """Whatever else is wrong with the command line, being started by mpirun is the thing to fix
+    first (the other messages would each be followed by this one); every copy exits 2, one speaks."""
+    for rank, says in (("0", True), ("1", False), ("3", False)):
+        monkeypatch.setenv(variable, rank)
+        assert elastic.main(["--elastic", *args]) == 2
+        err = capsys.readouterr().err
+        assert ("not under mpirun" in err) == says and "needs" not in err and err.count("error:") == int(says), err
+
+
+def test_elastic_under_mpirun_exits_2_with_one_message(mpirun, tmp_path):
+    result = mpirun(3, ["-m", "allreduce_kit.train", "--elastic"], timeout=120, cwd=str(tmp_path), via_mpi4py=False)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.count("not under mpirun") == 1 and "needs -n" not in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
 def test_ranks_found_dead_together_are_told_apart_by_what_mpiexec_names():
     """When a look finds several ranks dead at once (the launcher ended the others before the
     look), the first is the one MPICH's mpiexec names as the bad termination, however late the

@@ -510,16 +510,29 @@ def _progress(directory: str) -> Optional[int]:
         return None
 
 
+def _launched_rank() -> Optional[str]:
+    """This process's rank when an MPI launcher started it (MPICH's ``PMI_RANK``, Open MPI's
+    ``OMPI_COMM_WORLD_RANK``), read from the environment; None for a process started on its own."""
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK"):
+        value = os.environ.get(name)
+        if value is not None:
+            return value.strip()
+    return None
+
+
 def main(argv: Sequence[str]) -> int:
     """Run the supervisor; returns the exit status."""
+    launched = _launched_rank()
+    if launched is not None:        # first: under mpirun every other fix of the command line is beside the point
+        if launched == "0":         # every copy stops; rank 0 alone says why, so the message appears once
+            _error("--elastic starts the ranks itself: run it as one process, not under mpirun/mpiexec (or under "
+                   "Open MPI's mpirun --with-ft ulfm, where the job itself goes on: docs/elastic.md)")
+        return 2
     known, rest = _parser().parse_known_args(list(argv))
     if known.ranks is None or known.ranks < 1:
         return _error("--elastic needs -n P (the ranks to start with), P >= 1")
     if not 1 <= known.min_ranks <= known.ranks:
         return _error(f"argument --min-ranks: must be between 1 and -n {known.ranks}, got {known.min_ranks}")
-    if os.environ.get("PMI_RANK") is not None or os.environ.get("OMPI_COMM_WORLD_RANK") is not None:
-        return _error("--elastic starts the ranks itself: run it as one process, not under mpirun/mpiexec (or under "
-                      "Open MPI's mpirun --with-ft ulfm, where the job itself goes on: docs/elastic.md)")
     directory = _value(rest, "--checkpoint-dir")
     if not directory:
         return _error("--elastic needs --checkpoint-dir (it resumes from the newest checkpoint there)")
