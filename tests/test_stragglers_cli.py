@@ -70,17 +70,21 @@ def test_a_bad_command_line_gives_one_message_from_rank_0_and_status_2(bad_runs,
 def test_the_report_names_the_dropped_rank_and_compare_shows_the_modes(tmp_path, capsys):
     out = tmp_path / "backup.json"
     result = run_mpi(3, TRAIN + ["--hidden", "16", "--epochs", "2", "--progress", "lines", "--backup-workers", "1",
-                                 "--straggler", "1:80", "--json", out], timeout=300)
+                                 "--accum-steps", "2", "--straggler", "1:80", "--json", out], timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     text = result.stdout
     assert "backup workers: 1; every step averages the gradients of the first 2 of 3 ranks" in text
-    assert "most often dropped: rank 1" in text and "effective global batch " in text and " of 96 " in text
+    # the global batch counts the accumulation steps, in the header, the report and --json alike
+    assert "(192 global)" in text and " of 192 " in text and "effective global batch " in text
+    assert "most often dropped: rank 1" in text and "most often slowest: rank 1 (longest compute)" in text
     assert "replicas bitwise identical on all 3 ranks: yes" in text
     run = json.loads(out.read_text())
+    assert run["straggler"]["slowest_rank"] == 1 and run["straggler"]["slowest_by"] == "compute"
     b = run["straggler"]["backup_workers"]
     assert b["ranks"][1]["dropped_share"] == 1.0 and b["most_dropped_rank"] == 1
     assert b["sync_step_wait_ms_p50"] > b["step_wait_ms_p50"]
-    assert b["effective_global_batch_mean"] <= 64 < b["effective_global_batch_mean"] + 1   # 2 of 3 ranks' 32
+    assert b["global_batch"] == 192 and b["protocol"] in ("shared window", "messages") and b["groups"] >= 1
+    assert 119 < b["effective_global_batch_mean"] <= 128   # 2 of 3 ranks' 2 x 32 (an epoch's last step: 2 x 31)
     assert run["config"]["backup_workers"] == 1 and run["config"]["local_sgd"] == 1
     assert compare.method(run) == "backup-workers 1" and run["summary"]["mode"] == "sync"
     c = run["communication"]

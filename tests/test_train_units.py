@@ -130,6 +130,58 @@ def test_analysis_names_the_late_rank_and_its_waits():
     assert s["ranks"][2]["host"] == "b"
 
 
+def _backup_run(steps: int = 12, ranks: int = 4, slow: int = 2, batch: int = 64):
+    """Rows and records of a run with one backup worker where rank ``slow`` computes 31.6 ms and
+    is never in: late in every third step and skipped in the others (as backup.py records them)."""
+    rows = np.zeros((steps, ranks, 3))
+    rows[..., 1] = 0.0003                            # status IN, 0.3 ms of compute
+    rows[..., 2] = batch
+    rows[:, slow, 0] = [1 if s % 3 == 0 else 2 for s in range(steps)]   # LATE, else SKIPPED
+    rows[:, slow, 1] = [0.0316 if s % 3 == 0 else np.nan for s in range(steps)]
+    rows[:, slow, 2] = 0
+    records = np.zeros((steps, ranks, 3))
+    records[..., 0] = rows[..., 1]
+    records[..., 1] = 0.012                          # the ranks in wait for the third arrival ...
+    records[:, 3, 1] = 0.003                         # ... rank 3, the last in
+    records[:, 0, 1] = 0.0001                        # rank 0 quickest to leave (serves the late rank)
+    records[:, slow, 1] = 0.0002                     # a late or skipping rank waits for nobody
+    records[..., 2] = 0.0001
+    return rows, records
+
+
+def test_with_backup_workers_the_slowest_rank_is_the_slow_one_however_often_dropped():
+    from allreduce_kit.train import backup, report
+    rows, records = _backup_run()
+    s = backup.report_of(rows, records, ["h"] * 4, 1, global_batch=4 * 64)
+    assert s["slowest_rank"] == 2 and s["slowest_by"] == "compute"
+    assert [r["slowest_share"] for r in s["ranks"]] == [0, 0, 1, 0]
+    assert s["backup_workers"]["most_dropped_rank"] == 2
+    # the step's parts are those of the rank it waited for: the last rank in (rank 3), not rank 2
+    assert s["slowest_compute_ms_p50"] == pytest.approx(0.3)
+    line = report.headline(s)
+    assert line.endswith("most often slowest: rank 2 (longest compute)") and "last rank in's compute 0.30 ms" in line
+    assert report.straggler_table(s).splitlines()[4].split()[:1] == ["2"] and "100%" in report.straggler_table(s).splitlines()[4]
+
+
+def test_plain_sync_still_names_the_rank_that_arrived_last():
+    rec = np.zeros((6, 3, 3))
+    rec[..., 0], rec[..., 1] = 0.001, 0.010
+    rec[:, 1, 1] = 0.002                             # rank 1 arrives last, waits least
+    s = analyse(rec, ["h"] * 3)
+    assert s["slowest_rank"] == 1 and s["slowest_by"] == "arrival"
+    from allreduce_kit.train import report
+    assert report.headline(s).endswith("most often slowest: rank 1") and "slowest rank's compute" in report.headline(s)
+
+
+def test_the_backup_report_counts_the_global_batch_as_given():
+    from allreduce_kit.train import backup, modes
+    rows, records = _backup_run(batch=64)            # 3 ranks in of 4, 2 x 32 samples each
+    s = backup.report_of(rows, records, ["h"] * 4, 1, global_batch=4 * 32 * 2)
+    b = s["backup_workers"]
+    assert b["global_batch"] == 256 and b["effective_global_batch_mean"] == 192
+    assert "effective global batch 192.0 of 256 " in modes.report_text({"straggler": s})
+
+
 def test_checkpoint_roundtrip_leaves_no_temporary_file(tmp_path):
     params = np.arange(10, dtype=np.float32)
     checkpoint.save(str(tmp_path), 7, {"params": params, "velocity": -params}, {"states": [{"a": 1}]}, keep=1)

@@ -267,53 +267,9 @@ class BackupWorkers:
             return
         if "communication" in out:                           # per rank, as the allreduce figures
             out["communication"]["forwarded_bytes"] = forwarded / self.ranks
-        rows = np.stack(every, axis=1)                       # (steps, ranks, 3)
-        status, compute = rows[..., 0].astype(int), rows[..., 1].copy()
-        # A rank that skipped a step counts with its latest compute time (its median before any).
-        for r in range(self.ranks):
-            known = compute[~np.isnan(compute[:, r]), r]
-            last = float(np.median(known)) if known.size else 0.0
-            for s in range(len(compute)):
-                if np.isnan(compute[s, r]):
-                    compute[s, r] = last
-                else:
-                    last = compute[s, r]
-        filled = records.copy()
-        filled[..., 0] = compute
-        report = analyse(filled, self.t.hosts)
-        inside = status == IN
-        per_step = filled.sum(axis=2)                        # each rank's step time
-        pace = np.where(inside, per_step, 0).sum(axis=1) / np.maximum(inside.sum(axis=1), 1)
-        report["step_ms_p50_all_ranks"] = report["step_ms_p50"]
-        report["step_ms_p50"] = float(np.median(pace) * 1e3)
-        report["step_ms"] = [float(x * 1e3) for x in pace]
-        ordered = np.sort(compute, axis=1) * 1e3
-        waited = ordered[:, self.need - 1] - ordered[:, 0]
-        sync = ordered[:, -1] - ordered[:, 0]
-        effective = rows[..., 2].sum(axis=1)
-        dropped = (status != IN).mean(axis=0)
-        per_rank = []
-        for r in range(self.ranks):
-            computed = rows[status[:, r] != SKIPPED, r, 1]
-            per_rank.append({"rank": r, "dropped_share": float(dropped[r]),
-                             "gradients_computed": int(computed.size),
-                             "gradients_late": int(np.sum(status[:, r] == LATE)),
-                             "steps_skipped": int(np.sum(status[:, r] == SKIPPED)),
-                             "compute_ms_p50": float(np.median(computed) * 1e3) if computed.size else None})
-        report["backup_workers"] = {
-            "backup_workers": self.backups, "ranks_in": self.need,
-            "global_batch": self.ranks * self.t.config.batch_size,
-            "effective_global_batch_mean": float(effective.mean()),
-            "effective_global_batch_min": int(effective.min()),
-            "step_wait_ms_p50": float(np.median(waited)), "step_wait_ms_mean": float(waited.mean()),
-            "sync_step_wait_ms_p50": float(np.median(sync)), "sync_step_wait_ms_mean": float(sync.mean()),
-            "wait_saved_ms_p50": float(np.median(sync - waited)),
-            "most_dropped_rank": int(np.argmax(dropped)),
-            "groups": len(self.sets),
-            "protocol": "shared window" if self.tickets is not None else "messages",
-            "ranks": per_rank,
-        }
-        out["straggler"] = report
+        out["straggler"] = report_of(np.stack(every, axis=1), records, self.t.hosts, self.backups,
+                                     self.ranks * self.t.config.batch_size * self.t.plan.accum, groups=len(self.sets),
+                                     protocol="shared window" if self.tickets is not None else "messages")
 
     def close(self) -> None:
         """Free the protocol's window and communicators (collective over each one's ranks, in one order everywhere)."""
@@ -325,3 +281,71 @@ class BackupWorkers:
         self.groups = {}
         if self.comm != MPI.COMM_NULL:
             self.comm.Free()
+
+
+def report_of(rows: np.ndarray, records: np.ndarray, hosts: List[str], backups: int, global_batch: int,
+              groups: int = 1, protocol: str = "messages") -> Dict[str, Any]:
+    """The straggler report of a run with ``backups`` backup workers (rank 0's, no communication).
+
+    ``rows`` holds per step and rank (status, compute seconds, samples in the average): (steps,
+    ranks, 3), NaN compute for a skipped step; ``records`` the timing records (``timing.py``);
+    ``global_batch`` the samples of a step with every rank in (ranks x batch x accumulation
+    steps, as the run's header counts it); ``groups`` and ``protocol`` are recorded as given.
+
+    Who was slowest is read from the compute times, not from the arrival at the collective as in
+    plain sync: a late rank takes no part in the step's reduction and a rank that skipped a step
+    arrives nowhere, so the rank that holds the run back would otherwise seldom be named. Per
+    step the slowest is the rank with the longest compute (a skipped step counted with the rank's
+    latest compute time); ``slowest_by`` says so. The headline's parts are those of the rank the
+    step waited for: the last of the ranks in to arrive.
+    """
+    ranks = rows.shape[1]
+    need = ranks - backups
+    status, compute = rows[..., 0].astype(int), rows[..., 1].copy()
+    # A rank that skipped a step counts with its latest compute time (its median before any).
+    for r in range(ranks):
+        known = compute[~np.isnan(compute[:, r]), r]
+        last = float(np.median(known)) if known.size else 0.0
+        for s in range(len(compute)):
+            if np.isnan(compute[s, r]):
+                compute[s, r] = last
+            else:
+                last = compute[s, r]
+    filled = records.copy()
+    filled[..., 0] = compute
+    inside = status == IN
+    waited_for = np.where(inside, filled[..., 1], np.inf).argmin(axis=1)   # the last rank in: waits least
+    report = analyse(filled, hosts, slowest=compute.argmax(axis=1), last=waited_for)
+    report["slowest_by"] = "compute"
+    per_step = filled.sum(axis=2)                        # each rank's step time
+    pace = np.where(inside, per_step, 0).sum(axis=1) / np.maximum(inside.sum(axis=1), 1)
+    report["step_ms_p50_all_ranks"] = report["step_ms_p50"]
+    report["step_ms_p50"] = float(np.median(pace) * 1e3)
+    report["step_ms"] = [float(x * 1e3) for x in pace]
+    ordered = np.sort(compute, axis=1) * 1e3
+    waited = ordered[:, need - 1] - ordered[:, 0]
+    sync = ordered[:, -1] - ordered[:, 0]
+    effective = rows[..., 2].sum(axis=1)
+    dropped = (status != IN).mean(axis=0)
+    per_rank = []
+    for r in range(ranks):
+        computed = rows[status[:, r] != SKIPPED, r, 1]
+        per_rank.append({"rank": r, "dropped_share": float(dropped[r]),
+                         "gradients_computed": int(computed.size),
+                         "gradients_late": int(np.sum(status[:, r] == LATE)),
+                         "steps_skipped": int(np.sum(status[:, r] == SKIPPED)),
+                         "compute_ms_p50": float(np.median(computed) * 1e3) if computed.size else None})
+    report["backup_workers"] = {
+        "backup_workers": backups, "ranks_in": need,
+        "global_batch": int(global_batch),
+        "effective_global_batch_mean": float(effective.mean()),
+        "effective_global_batch_min": int(effective.min()),
+        "step_wait_ms_p50": float(np.median(waited)), "step_wait_ms_mean": float(waited.mean()),
+        "sync_step_wait_ms_p50": float(np.median(sync)), "sync_step_wait_ms_mean": float(sync.mean()),
+        "wait_saved_ms_p50": float(np.median(sync - waited)),
+        "most_dropped_rank": int(np.argmax(dropped)),
+        "groups": int(groups),
+        "protocol": protocol,
+        "ranks": per_rank,
+    }
+    return report

@@ -10,12 +10,20 @@ def epoch_line(e: Dict[str, Any], epochs: int) -> str:
 
 
 def headline(s: Dict[str, Any]) -> str:
-    """One line: the step time, what it is made of, and what waiting for the slowest rank costs."""
-    return (f"step {s['step_ms_p50']:.2f} ms (median): slowest rank's compute {s['slowest_compute_ms_p50']:.2f} ms"
+    """One line: the step time, what it is made of, and what waiting for the slowest rank costs.
+
+    With backup workers (``slowest_by`` "compute") a step waits for the last rank in, not for the
+    slowest, so the parts are that rank's, and the slowest rank is the one with the longest compute,
+    whether or not its gradient was in."""
+    by_compute = s.get("slowest_by") == "compute"
+    waited = "the last rank in" if by_compute else "the slowest"
+    return (f"step {s['step_ms_p50']:.2f} ms (median): {'last rank in' if by_compute else 'slowest rank'}'s compute"
+            f" {s['slowest_compute_ms_p50']:.2f} ms"
             f" + transfer {s['transfer_ms_p50']:.2f} ms + update {s['update_ms_p50']:.2f} ms"
-            f" + skew {s['skew_ms_p50']:.2f} ms; a rank waits {s['wait_ms_p50']:.2f} ms per step for the"
-            f" slowest (median of the ranks' mean), {100 * s['wait_share']:.1f}%"
-            f" of the run's rank-time lost to waiting; most often slowest: rank {s['slowest_rank']}")
+            f" + skew {s['skew_ms_p50']:.2f} ms; a rank waits {s['wait_ms_p50']:.2f} ms per step for"
+            f" {waited} (median of the ranks' mean), {100 * s['wait_share']:.1f}%"
+            f" of the run's rank-time lost to waiting; most often slowest: rank {s['slowest_rank']}"
+            + (" (longest compute)" if by_compute else ""))
 
 
 def straggler_table(s: Dict[str, Any]) -> str:

@@ -53,8 +53,15 @@ class StepTimer:
         return np.concatenate(self.chunks) if self.chunks else np.zeros((0, self.comm.Get_size(), 3))
 
 
-def analyse(records: np.ndarray, hosts: List[str]) -> Dict:
-    """The straggler report from records (steps, ranks, 3) in seconds; times in the report in ms."""
+def analyse(records: np.ndarray, hosts: List[str], slowest: Optional[np.ndarray] = None,
+            last: Optional[np.ndarray] = None) -> Dict:
+    """The straggler report from records (steps, ranks, 3) in seconds; times in the report in ms.
+
+    ``last``: per step, the rank the step waited for, whose compute and update the headline's
+    parts are (default: the one that spent the least time in the allreduce, i.e. arrived last);
+    ``slowest``: per step, the rank counted as the slowest in ``slowest_share`` and
+    ``slowest_rank`` (default: ``last``). They differ where not every rank takes part in every
+    step's reduction (backup workers: ``backup.py``)."""
     steps, ranks, _ = records.shape
     if steps == 0:
         return {"steps": 0, "ranks": []}
@@ -62,12 +69,13 @@ def analyse(records: np.ndarray, hosts: List[str]) -> Dict:
     compute, allreduce, update = ms[..., COMPUTE], ms[..., ALLREDUCE], ms[..., UPDATE]
     transfer = allreduce.min(axis=1)                       # per step
     wait = allreduce - transfer[:, None]                   # per step and rank
-    slowest = allreduce.argmin(axis=1)                     # arrives last, waits least
+    arrived_last = allreduce.argmin(axis=1) if last is None else np.asarray(last)   # waits least
+    slowest = arrived_last if slowest is None else np.asarray(slowest)
     step_time = (compute + allreduce + update).mean(axis=1)   # every rank's wall time, averaged
     rows = np.arange(steps)
     # What the slowest rank's compute, the transfer and the update do not explain: ranks that
     # start a step at different times (they leave the previous collective at different times).
-    other = step_time - (compute[rows, slowest] + transfer + update[rows, slowest])
+    other = step_time - (compute[rows, arrived_last] + transfer + update[rows, arrived_last])
     compute_p50 = np.median(compute, axis=0)
     fastest = compute_p50.min()
     per_rank = []
@@ -92,7 +100,7 @@ def analyse(records: np.ndarray, hosts: List[str]) -> Dict:
     return {
         "steps": int(steps),
         "step_ms_p50": float(np.median(step_time)),
-        "slowest_compute_ms_p50": float(np.median(compute[rows, slowest])),
+        "slowest_compute_ms_p50": float(np.median(compute[rows, arrived_last])),
         "transfer_ms_p50": float(np.median(transfer)),
         "update_ms_p50": float(np.median(update)),
         "other_ms_p50": float(np.median(other)),
@@ -101,6 +109,7 @@ def analyse(records: np.ndarray, hosts: List[str]) -> Dict:
         "wait_ms_p50": float(np.median(wait.mean(axis=1))),     # per step, the ranks' mean wait
         "wait_share": float(wait.sum() / busy) if busy > 0 else 0.0,
         "slowest_rank": int(np.bincount(slowest, minlength=ranks).argmax()),
+        "slowest_by": "arrival",                            # last at the allreduce (backup workers: "compute")
         "step_ms": [float(t) for t in step_time],
         "ranks": per_rank,
     }
