@@ -182,6 +182,24 @@ def test_the_backup_report_counts_the_global_batch_as_given():
     assert "effective global batch 192.0 of 256 " in modes.report_text({"straggler": s})
 
 
+def _header_trainer(lr: float, accum: int = 1, lr_scaling: str = "none"):
+    from types import SimpleNamespace
+    config = SimpleNamespace(batch_size=32, dtype="float32", lr=lr, lr_scaling=lr_scaling, resume=False)
+    return SimpleNamespace(config=config, model=MLP(64, (128, 64), 10, dtype=np.float32), plan=SimpleNamespace(accum=accum),
+                           ranks=3, buckets=1, resize_note=None, step=0)
+
+
+def test_the_model_line_prints_the_learning_rate_in_few_digits():
+    from allreduce_kit.train import report
+    rescaled = 0.05 * 48 / 128                       # --on-resize rescale-lr: 0.018750000000000003
+    line = report.model_line(_header_trainer(rescaled, accum=2), 32, "auto, ran ring")
+    assert "lr 0.01875," in line and "000000" not in line
+    assert "batch 32/rank x 2 accumulation steps (192 global), lr 0.01875, algorithm auto, ran ring" in line
+    assert "lr 0.05 x 3 (linear scaling)," in report.model_line(_header_trainer(0.05, lr_scaling="linear"), 32, "ring")
+    assert "lr 0.1," in report.model_line(_header_trainer(0.1), 32, "ring")
+    assert "--batch-size 40 is more than a rank's shard" in report.model_line(_header_trainer(0.1), 40, "ring")
+
+
 def test_checkpoint_roundtrip_leaves_no_temporary_file(tmp_path):
     params = np.arange(10, dtype=np.float32)
     checkpoint.save(str(tmp_path), 7, {"params": params, "velocity": -params}, {"states": [{"a": 1}]}, keep=1)

@@ -297,16 +297,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"{plural(threads, 'thread')} per rank, {yield_note}")
     say(f"data: {d.name}, {len(d.y_train)} train / {len(d.y_test)} test samples, {d.features} features, "
         f"{d.classes} classes; {plural(trainer.steps_per_epoch, 'step')} per epoch on shards of {len(d.y_train) // ranks}")
-    say(f"model: MLP {trainer.model.describe()}, {trainer.model.size:,} parameters, one {config.dtype} "
-        f"gradient buffer of {trainer.model.grads.nbytes / 1e6:.2f} MB in {plural(trainer.buckets, 'bucket')}; "
-        f"batch {config.batch_size}/rank"
-        + (f" x {trainer.plan.accum} accumulation steps" if trainer.plan.accum > 1 else "")
-        + f" ({config.batch_size * ranks * trainer.plan.accum} global"
-        + (f"; --batch-size {args.batch_size} is more than a rank's shard" if args.batch_size > config.batch_size and not trainer.resize_note else "")
-        + f"), lr {config.lr}"
-        f"{' x ' + str(ranks) + ' (linear scaling)' if config.lr_scaling == 'linear' else ''}, "
-        f"algorithm {_algorithm_note(config.algorithm, trainer.bucket_algorithms)}"
-        + (f"; resumed at step {trainer.step}" if config.resume else ""))
+    say(report.model_line(trainer, args.batch_size, _algorithm_note(config.algorithm, trainer.bucket_algorithms)))
     if trainer.resize_note:
         say(trainer.resize_note)
     if recovery is not None:

@@ -141,8 +141,8 @@ def main(args, config: Config, threads: int, yield_note: str, comm: MPI.Intracom
         + f", {config.batch_size} per gradient"
         + (f" (--batch-size {args.batch_size} is more than a worker's shard)" if args.batch_size > config.batch_size else ""))
     bound = "unbounded" if options.max_staleness is None else f"at most {options.max_staleness} (older gradients rejected)"
-    say(f"model: MLP hidden {','.join(map(str, config.hidden))} in {k} shard(s); server SGD lr {config.lr}, "
-        f"momentum {config.momentum}, weight decay {config.weight_decay}; staleness {bound}")
+    say(f"model: MLP hidden {','.join(map(str, config.hidden))} in {k} shard(s); server SGD lr {config.lr:g}, "
+        f"momentum {config.momentum:g}, weight decay {config.weight_decay:g}; staleness {bound}")
     if config.straggler:
         say(f"injected straggler: worker rank {config.straggler[0]} +{config.straggler[1]:g} ms per gradient")
     gc.freeze()                                  # as the synchronous CLI does: see its main

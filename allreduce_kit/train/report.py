@@ -1,5 +1,24 @@
-"""What rank 0 shows: per-epoch lines, the straggler table and headline, the JSON and the plot."""
+"""What rank 0 shows: the model line, per-epoch lines, the straggler table and headline, the JSON and the plot."""
 from typing import Any, Dict, List
+
+from ..cli import plural
+
+
+def model_line(trainer: Any, requested_batch: int, algorithm: str) -> str:
+    """The header's model line: the model, its gradient buffer, the batch (per rank, accumulation,
+    global), the learning rate (``:g``, so a rescaled rate reads 0.01875, not 0.018750000000000003)
+    and ``algorithm`` as the caller words it; ``requested_batch`` is ``--batch-size`` as typed."""
+    config, model, accum, ranks = trainer.config, trainer.model, trainer.plan.accum, trainer.ranks
+    lowered = requested_batch > config.batch_size and not trainer.resize_note
+    return (f"model: MLP {model.describe()}, {model.size:,} parameters, one {config.dtype} gradient buffer of "
+            f"{model.grads.nbytes / 1e6:.2f} MB in {plural(trainer.buckets, 'bucket')}; batch {config.batch_size}/rank"
+            + (f" x {accum} accumulation steps" if accum > 1 else "")
+            + f" ({config.batch_size * ranks * accum} global"
+            + (f"; --batch-size {requested_batch} is more than a rank's shard" if lowered else "")
+            + f"), lr {config.lr:g}"
+            + (f" x {ranks} (linear scaling)" if config.lr_scaling == "linear" else "")
+            + f", algorithm {algorithm}"
+            + (f"; resumed at step {trainer.step}" if config.resume else ""))
 
 
 def epoch_line(e: Dict[str, Any], epochs: int) -> str:
