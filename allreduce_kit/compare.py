@@ -225,7 +225,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            parser.error("argument --plot: matplotlib is not installed; pip install 'allreduce_kit[plot]'")
+            from .plots import NO_MATPLOTLIB
+            parser.error(f"argument --plot: {NO_MATPLOTLIB}")
     names = [os.path.splitext(os.path.basename(p))[0] for p in args.runs]
     print(table(runs, names, args.target_accuracy), flush=True)
     if args.plot:

@@ -7,6 +7,10 @@ called (it is an optional dependency).
 import re
 from typing import Any, Sequence
 
+#: What ``--plot`` without matplotlib says, in bench, train and compare alike: how to add it the
+#: way the package itself was installed, from its checkout (``pip install .`` leaves it out).
+NO_MATPLOTLIB = 'matplotlib is not installed: pip install ".[plot]" in the allreduce_kit checkout (or pip install matplotlib)'
+
 #: Axes whose values span less than this factor are drawn linear (a log axis over 21-23 ms only
 #: shows tick labels such as 2.1x10^1); wider ranges are drawn on a log scale.
 LOG_ABOVE = 10.0

@@ -4,7 +4,8 @@
 #   docs/bench.sh [OUTDIR] [STEP...]      STEP: tune sweep numpy repeat autorepeat fit (default: all, in that order)
 #
 # OUTDIR defaults to results/ at the repository root (ignored by git). Run from the repository
-# root with the venv built as the README says (or set PYTHON and MPIEXEC; RANKS="2 4 8" by default).
+# root with the venv built as docs/performance.md says, pip install ".[test,plot]" (the sweep's
+# --plot needs matplotlib), or set PYTHON and MPIEXEC; RANKS="2 4 8" by default.
 # Takes 20-25 minutes on a 2-core machine; run it when nothing else is running, since every
 # rank count above the core count shares the cores. Then `python docs/summarize.py OUTDIR`
 # prints the tables of docs/performance.md from the JSON files.

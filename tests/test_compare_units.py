@@ -1,5 +1,6 @@
 """The shared summary, the staleness statistics and ``allreduce_kit.compare``, in one process."""
 import json
+import os
 import subprocess
 import sys
 
@@ -91,6 +92,18 @@ def test_compare_plot_writes_exactly_the_png_it_names_and_refuses_other_paths(tm
         assert done.returncode == 2 and done.stderr.count(message) == 1, done.stderr
         assert "Traceback" not in done.stderr and done.stdout == ""
     assert sorted(p.name for p in tmp_path.iterdir()) == ["curves.png", "run.json"]
+
+
+def test_compare_plot_without_matplotlib_says_how_to_get_it(tmp_path):
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"summary": build_summary("sync", 2, 2, _epochs([2.0, 1.0]), 20)}))
+    (tmp_path / "matplotlib").mkdir()
+    (tmp_path / "matplotlib" / "__init__.py").write_text("raise ImportError('no matplotlib here')\n")
+    done = subprocess.run([sys.executable, "-m", "allreduce_kit.compare", str(run), "--plot", str(tmp_path / "x.png")],
+                          capture_output=True, text=True, timeout=60, cwd=TESTS,
+                          env=dict(os.environ, PYTHONPATH=str(tmp_path)))
+    assert done.returncode == 2 and "Traceback" not in done.stderr and done.stdout == ""
+    assert done.stderr.count('argument --plot: matplotlib is not installed: pip install ".[plot]"') == 1, done.stderr
 
 
 def test_repeats_are_drawn_as_their_median_with_the_range():

@@ -205,6 +205,7 @@ def test_plot_without_matplotlib_says_how_to_get_it(tmp_path):
     result = _one_process(["--plot", str(tmp_path / "x.png")], env={"PYTHONPATH": str(tmp_path)})
     assert result.returncode == 2
     assert "matplotlib is not installed" in result.stderr and "Traceback" not in result.stderr
+    assert 'pip install ".[plot]"' in result.stderr, result.stderr     # what the docs say, from a checkout
 
 
 def test_custom_loop_example_runs_and_is_the_one_in_the_docs(mpirun):

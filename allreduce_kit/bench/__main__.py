@@ -34,7 +34,7 @@ from ..reduction import OPS, use_kernels
 from ..threads import limit_threads
 from . import fit as cost
 from . import network, output
-from ..plots import mpi_name
+from ..plots import NO_MATPLOTLIB, mpi_name
 from .plot import have_matplotlib, plot
 from .sweep import available, ratios, sweep
 from .timing import MAX_BATCH, SAMPLE_SECONDS
@@ -146,7 +146,7 @@ def check_args(parser: RankZeroParser, args) -> None:
     if args.link_gbps is not None and not 0 < args.link_gbps < float("inf"):
         parser.error(f"--link-gbps must be a positive number of Gbit/s, got {args.link_gbps}")
     if args.plot and not have_matplotlib():
-        parser.error("--plot needs matplotlib: pip install 'allreduce_kit[plot]'")
+        parser.error(f"--plot: {NO_MATPLOTLIB}")
 
 
 def tune_file_problem(path: str) -> Optional[str]:

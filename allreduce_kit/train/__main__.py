@@ -227,7 +227,8 @@ def _problems(args, ranks: int) -> Optional[str]:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            return "argument --plot: matplotlib is not installed; pip install 'allreduce_kit[plot]' (or matplotlib)"
+            from ..plots import NO_MATPLOTLIB
+            return f"argument --plot: {NO_MATPLOTLIB}"
     return None
 
 
