@@ -97,6 +97,7 @@ def test_one_backup_worker_drops_the_slow_rank_and_keeps_replicas_identical(comm
         assert b["protocol"] == ("shared window" if trainer.strategy.tickets is not None else "messages")
         assert b["groups"] == 1
         assert b["most_dropped_rank"] == slow
+        assert result["straggler"]["slowest_rank"] == slow and result["straggler"]["slowest_by"] == "compute"
         rows = b["ranks"]
         assert rows[slow]["dropped_share"] == 1.0
         assert rows[slow]["gradients_late"] + rows[slow]["steps_skipped"] == steps
