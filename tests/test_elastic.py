@@ -173,10 +173,7 @@ def test_the_supervisor_does_not_start_a_fresh_run_among_another_runs_checkpoint
     launch is refused up front (one message, status 2) and not relaunched; nothing is written there."""
     ckpt = tmp_path / "ckpt"
     config = {"dataset": "digits", "seed": 1, "test_fraction": 0.2, "hidden": [32], "dtype": "float32"}
-    settings = checkpoint.run_settings(config, "sync")
-    checkpoint.save(str(ckpt), 240, {"params": np.zeros(3)}, {"mode": "sync", "config": config,
-                                                              "run": checkpoint.run_identity(settings),
-                                                              "run_settings": settings})
+    checkpoint.save(str(ckpt), 240, {"params": np.zeros(3)}, {"mode": "sync", "config": config})   # its run: from config
     result = subprocess.run([sys.executable, *TRAIN, *SMALL, "--elastic", "-n", "2", "--checkpoint-dir", str(ckpt),
                              "--checkpoint-every", "10", "--max-steps", "30"],
                             capture_output=True, text=True, timeout=180, cwd=TESTS)
