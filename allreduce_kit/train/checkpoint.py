@@ -240,8 +240,8 @@ def save(directory: str, step: int, arrays: Dict[str, np.ndarray], meta: Dict[st
     if os.path.lexists(final):
         run, _, _, readable = _record(final)
         if run != mine or not readable:
-            raise CheckpointError(f"{final} holds {'a checkpoint of another run' if readable else 'a file whose record cannot be read'}"
-                                  f"; it is not written over: move it away")
+            held = "a checkpoint of another run" if readable else "a file whose record cannot be read"
+            raise CheckpointError(f"{final} holds {held}; it is not written over: move it away")
     for stale in glob.glob(os.path.join(directory, TMP_PREFIX + "*")):
         try:                               # left by a writer that was killed mid-write
             os.unlink(stale)
