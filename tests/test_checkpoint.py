@@ -3,7 +3,9 @@
 Every checkpoint that is not exactly what was written (truncated, a flipped byte, contents
 changed under an old checksum, another format version, not a checkpoint at all) is refused with
 a ``CheckpointError`` naming the file; a writer killed mid-write leaves the previous checkpoint
-as the newest loadable one; only the newest K are kept.
+as the newest loadable one; only the newest K are kept. A checkpoint carries its run's identity
+(a digest of the settings a resume needs to match); a save keeps and deletes only its own run's,
+and never writes over another run's file.
 """
 import json
 import os
@@ -34,6 +36,70 @@ def test_round_trip_and_only_the_newest_k_are_kept(tmp_path):
     assert meta["step"] == 50 and meta["ranks"] == 2 and meta["version"] == checkpoint.VERSION
     for name, a in _arrays(50).items():
         assert np.array_equal(arrays[name], a) and arrays[name].dtype == a.dtype
+
+
+# -- a run's checkpoints among another run's ------------------------------------------------------
+def _config(**changed):
+    config = {"dataset": "digits", "seed": 0, "test_fraction": 0.2, "hidden": [32], "dtype": "float32",
+              "samples": 20000, "features": 64, "classes": 10, "epochs": 3, "lr": 0.05, "batch_size": 16}
+    return {**config, **changed}
+
+
+def _meta(mode="sync", **changed):
+    """A checkpoint record as the trainer writes it: the run's identity and settings, and its configuration."""
+    settings = checkpoint.run_settings(_config(**changed), mode)
+    return {"ranks": 2, "mode": mode, "config": _config(**changed), "run": checkpoint.run_identity(settings),
+            "run_settings": settings}
+
+
+def test_the_identity_is_made_of_the_settings_a_resume_needs_and_of_nothing_else():
+    mine = checkpoint.identity_of(_meta())
+    for other in (_meta(seed=1), _meta(hidden=[16]), _meta(dtype="float64"), _meta(test_fraction=0.3),
+                  _meta(dataset="synthetic"), _meta(mode="async-ps")):
+        assert checkpoint.identity_of(other) != mine
+    # What may change at --resume does not make another run; nor the synthetic sizes on the digits.
+    for same in (_meta(epochs=9), _meta(lr=0.1), _meta(batch_size=64), _meta(samples=600), _meta(classes=3)):
+        assert checkpoint.identity_of(same) == mine
+    assert (checkpoint.identity_of(_meta(dataset="synthetic", samples=600))
+            != checkpoint.identity_of(_meta(dataset="synthetic")))
+    assert checkpoint.differences(_meta(seed=1)["run_settings"], _meta()["run_settings"]) == \
+        "--seed 1 where this run has --seed 0"
+    assert checkpoint.differences(_meta(hidden=[16, 8])["run_settings"], _meta()["run_settings"]) == \
+        "--hidden 16,8 where this run has --hidden 32"
+
+
+def test_a_record_without_an_identity_has_it_from_its_configuration_or_has_none():
+    """Checkpoints that record no identity: worked out from the configuration they record, else None."""
+    meta = _meta()
+    old = {k: v for k, v in meta.items() if k not in ("run", "run_settings")}
+    assert checkpoint.identity_of(old) == checkpoint.identity_of(meta)
+    assert checkpoint.settings_of(old) == meta["run_settings"]
+    assert checkpoint.identity_of({"ranks": 2}) is None and checkpoint.settings_of({"ranks": 2}) is None
+
+
+def test_a_save_keeps_and_deletes_only_its_own_runs_checkpoints(tmp_path):
+    """Another run's newer checkpoint stays, and does not count towards this run's newest K; nor does a
+    file whose run cannot be told."""
+    directory = str(tmp_path)
+    checkpoint.save(directory, 240, _arrays(), _meta(seed=1), keep=3)
+    checkpoint.save(directory, 5, _arrays(), {"ranks": 2}, keep=3)              # no identity at all
+    for step in (10, 20, 30, 40):
+        checkpoint.save(directory, step, _arrays(step), _meta(), keep=3)
+    assert [s for s, _ in checkpoint.listing(directory)] == [5, 20, 30, 40, 240]
+    runs = {f.step: f.run for f in checkpoint.survey(directory)}
+    assert runs[5] is None and runs[240] == checkpoint.identity_of(_meta(seed=1))
+    assert {runs[s] for s in (20, 30, 40)} == {checkpoint.identity_of(_meta())}
+
+
+def test_a_save_never_writes_over_another_runs_checkpoint(tmp_path):
+    directory = str(tmp_path)
+    theirs = checkpoint.save(directory, 30, _arrays(1), _meta(seed=1))
+    before = open(theirs, "rb").read()
+    with pytest.raises(CheckpointError, match=f"{theirs} holds a checkpoint of another run; it is not written over"):
+        checkpoint.save(directory, 30, _arrays(2), _meta())
+    assert open(theirs, "rb").read() == before and not any(n.startswith(".") for n in os.listdir(directory))
+    checkpoint.save(directory, 30, _arrays(3), _meta(seed=1))                    # its own run's: replaced
+    assert np.array_equal(checkpoint.load(theirs)[0]["params"], _arrays(3)["params"])
 
 
 @pytest.fixture

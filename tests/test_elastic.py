@@ -168,6 +168,23 @@ def test_a_resume_at_another_rank_count_continues_from_the_same_sample(mpirun, t
 
 
 # -- a dead rank: the supervisor ------------------------------------------------------------------
+def test_the_supervisor_does_not_start_a_fresh_run_among_another_runs_checkpoints(tmp_path):
+    """``train --elastic -n 2`` into a directory holding another run's checkpoint-000000240.npz: the
+    launch is refused up front (one message, status 2) and not relaunched; nothing is written there."""
+    ckpt = tmp_path / "ckpt"
+    config = {"dataset": "digits", "seed": 1, "test_fraction": 0.2, "hidden": [32], "dtype": "float32"}
+    checkpoint.save(str(ckpt), 240, {"params": np.zeros(3)}, {"mode": "sync", "config": config})   # its run: from config
+    result = subprocess.run([sys.executable, *TRAIN, *SMALL, "--elastic", "-n", "2", "--checkpoint-dir", str(ckpt),
+                             "--checkpoint-every", "10", "--max-steps", "30"],
+                            capture_output=True, text=True, timeout=180, cwd=TESTS)
+    _ok(result, 2)
+    message = f"{ckpt} holds checkpoints of another run (checkpoint-000000240.npz, step 240: --seed 1 where this run has --seed 0)"
+    assert result.stderr.count(message) == 1 and result.stderr.count("error:") == 1, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert "not relaunched" in result.stdout and "relaunching" not in result.stdout
+    assert sorted(os.listdir(ckpt)) == ["checkpoint-000000240.npz"]
+
+
 def test_kill_9_of_one_rank_of_4_and_the_run_completes_on_3(mpirun, tmp_path):
     """``train --elastic -n 4``; rank 1 is killed with SIGKILL inside epoch 3 of 10. The run ends on 3
     ranks with the final test accuracy of an uninterrupted 4-rank run within 1 point; the report

@@ -47,6 +47,9 @@ FAKE = textwrap.dedent(r'''
     for rank, kid in enumerate(kids):
         with open(os.path.join(report, f"rank-{rank}"), "w") as f:
             f.write(f"{kid.pid} {hosts[rank]}{' 77.' + str(launch) if plan.get('hosts') else ''}\n")
+    if os.environ.get("FAKE_RUN"):          # rank 0 says which run this is
+        with open(os.path.join(report, "run"), "w") as f:
+            f.write(os.environ["FAKE_RUN"] + "\n")
     def progress(step):
         with open(os.path.join(report, "progress"), "w") as f:
             f.write(f"{step:012d}\n")
@@ -239,6 +242,36 @@ def test_srun_outside_an_allocation_is_refused(tmp_path):
                             env=env)
     assert result.returncode == 2 and "--launcher srun starts the ranks inside a Slurm allocation" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _meta(**changed):
+    """A checkpoint record with a run identity, as the trainer writes it."""
+    config = {"dataset": "digits", "seed": 0, "test_fraction": 0.2, "hidden": [32], "dtype": "float32", **changed}
+    settings = checkpoint.run_settings(config, "sync")
+    return {"ranks": 4, "mode": "sync", "config": config, "run": checkpoint.run_identity(settings),
+            "run_settings": settings}
+
+
+def test_the_relaunch_resumes_the_runs_own_checkpoint_never_another_runs(supervise):
+    """The directory holds this run's checkpoints at steps 10 and 20 and another run's (--seed 1) at
+    240, newer and corrupt: after rank 2 dies at step 27 the relaunch resumes from step 20, says from
+    which file, and leaves the other run's file as it was."""
+    ckpt = supervise.ckpt
+    ckpt.mkdir()
+    mine = _meta()
+    for step in (10, 20):
+        checkpoint.save(str(ckpt), step, _arrays(), mine)
+    theirs = Path(checkpoint.save(str(ckpt), 240, _arrays(), _meta(seed=1)))
+    spoiled = bytearray(theirs.read_bytes())
+    spoiled[bytes(spoiled).index(_arrays()["params"].tobytes()) + 5] ^= 1   # its data spoiled, its record readable
+    theirs.write_bytes(spoiled)
+    result, launches = supervise([{"die_at": 27, "rank": 2}, {}], steps=(), FAKE_RUN=mine["run"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert launches[1][-1] == "--resume"
+    assert f"[elastic] resuming from {ckpt / checkpoint.name_for(20)} (step 20), the newest checkpoint of this run" in out
+    assert "resumed from step 20 (7 steps redone)" in out, out
+    assert theirs.read_bytes() == spoiled and "corrupt" not in out
 
 
 def test_a_corrupt_newest_checkpoint_is_moved_aside_and_the_one_before_used(supervise):

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import pytest
 
 from allreduce_kit.train import async_main, checkpoint
@@ -92,6 +93,20 @@ def _cases(tmp_path: Path):
     async_ps = ["--mode", "async-ps"]
     cases = [("checkpoint-dir-uncreatable", ["--checkpoint-dir", "/proc/x/ckpt"],
               "argument --checkpoint-dir: cannot create /proc/x/ckpt: ")]
+    # A directory holding checkpoints: another run's (--hidden 32, not QUICK's 16), or this async-ps
+    # run's own, which it cannot resume (their records hold only the configuration, as older ones do).
+    for mode, hidden in (("sync", [32]), ("async-ps", [16])):
+        held = tmp_path / f"held-{mode}"
+        config = {"dataset": "digits", "seed": 0, "test_fraction": 0.2, "hidden": hidden, "dtype": "float32"}
+        checkpoint.save(str(held), 5, {"params": np.zeros(3)}, {"mode": mode, "config": config})
+    cases.append(("checkpoint-dir-of-another-run", ["--checkpoint-dir", str(tmp_path / "held-sync")],
+                  f"argument --checkpoint-dir: {tmp_path / 'held-sync'} holds checkpoints of another run "
+                  f"(checkpoint-000000005.npz, step 5: --hidden 32 where this run has --hidden 16)"))
+    cases.append(("checkpoint-dir-of-this-async-ps-run", async_ps + ["--checkpoint-dir", str(tmp_path / "held-async-ps")],
+                  f"argument --checkpoint-dir: {tmp_path / 'held-async-ps'} holds checkpoints of this run (the same "
+                  f"--mode, data, --seed and model; newest checkpoint-000000005.npz, step 5); a fresh run would mix "
+                  f"its own in with them: a --mode async-ps run does not resume; to start over, give it another "
+                  f"directory"))
     if locked is not None:
         cases.append(("checkpoint-dir-unwritable", ["--checkpoint-dir", locked],
                       f"argument --checkpoint-dir: cannot write a file in {locked}: "))

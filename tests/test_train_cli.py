@@ -11,10 +11,12 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from allreduce_kit.algorithms import ALGORITHMS
-from conftest import TESTS
+from allreduce_kit.train import checkpoint
+from conftest import TESTS, run_mpi
 
 TRAIN = ["-m", "allreduce_kit.train"]
 SMALL = ["--hidden", "32", "--batch-size", "16"]
@@ -118,6 +120,87 @@ def test_resume_reaches_the_same_parameters_and_history_as_an_uninterrupted_run(
         assert rows[f"loss epoch {e}"] == [f"{whole['epochs'][e - 1]['loss']:.4f}"] * 2
     again = _ok(mpirun(2, common + ["--checkpoint-dir", ckpt, "--resume"], timeout=120))
     assert f"nothing to train: the checkpoint is at step {whole['steps']}" in again.stdout
+
+
+def _in_one_job(tmp_path, name, cases, ranks=2):
+    """Run each command line of ``cases`` in turn in one MPI job (``bad_options_driver.py``); per case,
+    every rank's record: exit status, stdout, stderr, and what it raised besides ``SystemExit``."""
+    listed, out = tmp_path / f"{name}.json", tmp_path / f"{name}-out.json"
+    listed.write_text(json.dumps([[str(a) for a in argv] for argv in cases]))
+    result = run_mpi(ranks, [TESTS / "bad_options_driver.py", listed, out], timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def _refused(ranks, message):
+    """One message from rank 0, status 2 on every rank, no traceback."""
+    for record in ranks:
+        assert record["raised"] is None and record["status"] == 2, record
+        assert "Traceback" not in record["stdout"] + record["stderr"]
+    assert ranks[0]["stderr"].count(message) == 1 and ranks[0]["stderr"].count("error:") == 1, ranks[0]["stderr"]
+    assert all(record["stderr"] == "" for record in ranks[1:])
+
+
+def test_a_run_keeps_to_its_own_checkpoints_in_a_directory_another_run_used(tmp_path):
+    """A directory holding an older run's checkpoint-000000240.npz: a fresh run there is refused up
+    front, naming --resume and another directory, whether the older run is another one (here --seed 1)
+    or the same one run again; --resume in a directory holding both runs' checkpoints continues this
+    run's newest, says which, leaves the other's alone (keep-newest-K deletes only this run's) and
+    refuses to reach a step where it would write over the other's. A checkpoint that records no
+    identity has it worked out from the configuration it records, or is refused as unknown."""
+    ck, mine, legacy = tmp_path / "ck", tmp_path / "mine", tmp_path / "legacy"
+    legacy.mkdir()
+    checkpoint.save(str(legacy), 8, {"params": np.zeros(3)}, {"ranks": 2})      # no identity, no configuration
+    quick = SMALL + ["--progress", "lines"]
+    other = quick + ["--seed", "1"]
+    fresh = ["--checkpoint-every", "10", "--max-steps", "30"]
+    first = _in_one_job(tmp_path, "first", [
+        other + ["--checkpoint-dir", ck, "--max-steps", "240", "--checkpoint-every", "240"],
+        quick + ["--checkpoint-dir", ck] + fresh,                                  # the issue's command line
+        other + ["--checkpoint-dir", ck] + fresh,                                  # the older run's, again
+        quick + ["--checkpoint-dir", mine] + fresh,
+        quick + ["--checkpoint-dir", legacy] + fresh])
+    assert [ranks[0]["status"] for ranks in first] == [0, 2, 2, 0, 2], [r[0]["stderr"] for r in first]
+    _refused(first[1], f"argument --checkpoint-dir: {ck} holds checkpoints of another run "
+                       f"(checkpoint-000000240.npz, step 240: --seed 1 where this run has --seed 0); this run would "
+                       f"mix its own in with them and delete the oldest: give it another directory or --resume with "
+                       f"that run's settings to continue it")
+    _refused(first[2], f"argument --checkpoint-dir: {ck} holds checkpoints of this run (the same --mode, data, --seed "
+                       f"and model; newest checkpoint-000000240.npz, step 240); a fresh run would mix its own in with "
+                       f"them: --resume continues from checkpoint-000000240.npz; to start over, give it another "
+                       f"directory")
+    _refused(first[4], f"argument --checkpoint-dir: {legacy} holds checkpoints whose run cannot be told "
+                       f"(checkpoint-000000008.npz, step 8: its record names no run)")
+    assert sorted(os.listdir(ck)) == ["checkpoint-000000240.npz"]               # nothing mixed in
+    assert sorted(os.listdir(mine)) == [checkpoint.name_for(s) for s in (10, 20, 30)]
+    # A directory that holds both runs' checkpoints, and one whose newest records no identity.
+    shutil.copy(ck / "checkpoint-000000240.npz", mine)
+    stripped = tmp_path / "stripped"
+    arrays, meta = checkpoint.load(str(mine / checkpoint.name_for(30)))
+    checkpoint.save(str(stripped), 30, arrays, {k: v for k, v in meta.items() if k not in ("run", "run_settings")})
+    second = _in_one_job(tmp_path, "second", [
+        quick + ["--checkpoint-dir", mine, "--resume", "--max-steps", "30"],
+        quick + ["--checkpoint-dir", mine, "--resume", "--max-steps", "300"],
+        quick + ["--checkpoint-dir", mine, "--resume", "--max-steps", "40"],
+        other + ["--checkpoint-dir", mine, "--resume", "--max-steps", "240"],
+        quick + ["--checkpoint-dir", stripped, "--resume", "--max-steps", "40"]])
+    assert [ranks[0]["status"] for ranks in second] == [0, 2, 0, 0, 0], [r[0]["stderr"] for r in second]
+    text = second[0][0]["stdout"]
+    assert f"resumed at step 30 from {mine / checkpoint.name_for(30)}" in text, text
+    assert (f"--resume: left alone 1 checkpoint of another run in {mine} (the newest checkpoint-000000240.npz, step "
+            f"240: --seed 1 where this run has --seed 0)") in text
+    assert "nothing to train: the checkpoint is at step 30 and this run ends at step 30" in text
+    _refused(second[1], f"--resume: {mine} also holds checkpoints of another run at steps this run reaches, which "
+                        f"its own would write over (240; checkpoint-000000240.npz: --seed 1 where this run has --seed 0)")
+    assert f"resumed at step 30 from {mine / checkpoint.name_for(30)}" in second[2][0]["stdout"]
+    assert "test accuracy" in second[2][0]["stdout"]
+    assert sorted(os.listdir(mine)) == [checkpoint.name_for(s) for s in (20, 30, 40, 240)]   # K = 3 of its own
+    text = second[3][0]["stdout"]
+    assert f"resumed at step 240 from {mine / checkpoint.name_for(240)}" in text and "nothing to train" in text
+    assert f"left alone 3 checkpoints of another run in {mine} (the newest checkpoint-000000040.npz" in text
+    text = second[4][0]["stdout"]
+    assert f"resumed at step 30 from {stripped / checkpoint.name_for(30)}" in text and "test accuracy" in text
+    assert checkpoint.load(checkpoint.latest(str(stripped)))[1]["run"] == meta["run"]
 
 
 @pytest.mark.parametrize("args,message", [

@@ -141,7 +141,9 @@ def build_parser() -> RankZeroParser:
     g.add_argument("--checkpoint-every", type=_at_least(0), default=d.checkpoint_every, metavar="N",
                    help="save every N steps (0: only at the end), atomically")
     g.add_argument("--resume", action="store_true",
-                   help="continue from the newest checkpoint in DIR, with its history (per-epoch metrics, "
+                   help="continue from the newest checkpoint of this run in DIR (other runs' checkpoints there "
+                        "are left alone; without --resume, a DIR holding checkpoints is refused), with its history "
+                        "(per-epoch metrics, "
                         "counters); it must come from a --mode sync run with the same data (--dataset, --seed, "
                         "--test-fraction; for synthetic also --samples, --features, --classes) and model; at "
                         "another rank count the data continue from its sample, re-sharded (--on-resize)")
@@ -183,14 +185,46 @@ def _reliability_problems(args, ranks: int) -> Optional[str]:
             problem = checkpoint.directory_problem(args.checkpoint_dir)   # --resume reports a missing one
             if problem:
                 return f"argument --checkpoint-dir: {problem}"
-            # Checkpoints of the other mode would be mixed with this run's and the oldest deleted
-            # (--keep-checkpoints); --resume from one is refused by the trainer, naming the mode.
-            newest = None if args.resume else checkpoint.newest_mode(args.checkpoint_dir)
-            if newest and newest[1] != args.mode:
-                return (f"argument --checkpoint-dir: {args.checkpoint_dir} holds checkpoints of a --mode {newest[1]} "
-                        f"run ({os.path.basename(newest[0])}); this --mode {args.mode} run would mix its own in and "
-                        f"delete the oldest: give it another directory")
+            problem = None if args.resume else _occupied(args)
+            if problem:
+                return f"argument --checkpoint-dir: {problem}"
     return None
+
+
+def _occupied(args) -> Optional[str]:
+    """Why a fresh run (no --resume) cannot write its checkpoints into --checkpoint-dir, or None.
+
+    A fresh run starts in a directory that holds no checkpoints. Another run's would be mixed with
+    its own, the newest of either taken by a later --resume; this run's own (the same run identity:
+    checkpoint.py) would be overtaken by the fresh ones' steps, or overtake them. Either way the
+    user says which they mean: --resume to continue, another directory to start over."""
+    try:
+        found = checkpoint.survey(args.checkpoint_dir)
+    except OSError:                                   # not there yet: the run makes it
+        return None
+    if not found:
+        return None
+    directory, newest = args.checkpoint_dir, found[-1]
+    name = f"{os.path.basename(newest.path)}, step {newest.step}"
+    if newest.mode is not None and newest.mode != args.mode:
+        # --resume from one is refused by the trainer, naming the mode.
+        return (f"{directory} holds checkpoints of a --mode {newest.mode} run ({os.path.basename(newest.path)}); this "
+                f"--mode {args.mode} run would mix its own in and delete the oldest: give it another directory")
+    settings = checkpoint.run_settings(vars(args), args.mode)
+    own = [f for f in found if f.run == checkpoint.run_identity(settings)]
+    if own:
+        how = (f"--resume continues from {os.path.basename(own[-1].path)}" if args.mode == "sync" else
+               "a --mode async-ps run does not resume")
+        return (f"{directory} holds checkpoints of this run (the same --mode, data, --seed and model; newest "
+                f"{os.path.basename(own[-1].path)}, step {own[-1].step}); a fresh run would mix its own in with them: "
+                f"{how}; to start over, give it another directory (or move them away)")
+    if newest.settings is None:
+        what = f"whose run cannot be told ({name}: its record {'names no run' if newest.readable else 'cannot be read'})"
+    else:
+        what = f"of another run ({name}: {checkpoint.differences(newest.settings, settings)})"
+    resume = " or --resume with that run's settings to continue it" if args.mode == "sync" else ""
+    return (f"{directory} holds checkpoints {what}; this run would mix its own in with them and delete the "
+            f"oldest: give it another directory{resume}")
 # -- end of the reliability block ---------------------------------------------------------------
 
 
@@ -299,6 +333,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     say(f"data: {d.name}, {len(d.y_train)} train / {len(d.y_test)} test samples, {d.features} features, "
         f"{d.classes} classes; {plural(trainer.steps_per_epoch, 'step')} per epoch on shards of {len(d.y_train) // ranks}")
     say(report.model_line(trainer, args.batch_size, _algorithm_note(config.algorithm, trainer.bucket_algorithms)))
+    if trainer.resume_note:
+        say(trainer.resume_note)
     if trainer.resize_note:
         say(trainer.resize_note)
     if recovery is not None:
@@ -335,6 +371,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             bar = None
         say(line)
 
+    resumed_from = trainer.resumed_from                # --json; a recovery in the job makes a trainer anew
     elastic.ignore_exit_notices()                      # under the supervisor: mpiexec's notices of ranks ending
     if config.checkpoint_dir and trainer.strategy is None:   # SIGTERM/SIGUSR1: save at the next step boundary, exit 75
         trainer.stop = StopSignals(trainer.comm)
@@ -402,6 +439,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                    "threads_per_rank": threads,
                    "heavy_yield": yield_state, "stall_timeout": stall.default_timeout_now(),
                    **result, "allreduce_alone": alone, "summary": shared,
+                   "run": trainer.run_identity, "resumed_from": resumed_from,
                    **({"elastic": lost} if lost else {})}
         if args.json:
             write_json(args.json, payload)

@@ -413,7 +413,9 @@ def _results(setup: _Setup, server: ParameterServer, final: Dict[str, Any], host
                             rejected_per_server[0], server.log.applied_staleness())
     saved = None
     if cfg.checkpoint_dir:
+        settings = checkpoint.run_settings(cfg.as_dict(), "async-ps")    # the run's identity (checkpoint.py)
         meta = {"ranks": setup.ranks, "widths": model.widths,
+                "run": checkpoint.run_identity(settings), "run_settings": settings,
                 "dtype": model.dtype.name, "seed": cfg.seed, "mode": "async-ps", "servers": setup.servers,
                 "config": cfg.as_dict(), "options": opts.as_dict()}
         saved = checkpoint.save(cfg.checkpoint_dir, applied_per_server[0],

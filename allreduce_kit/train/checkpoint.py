@@ -12,6 +12,14 @@ with a format name and version and a blake2b checksum over the record and every 
 dtype, shape and bytes. ``load`` refuses, with a ``CheckpointError`` naming the file, anything
 truncated, corrupted, of another format or version; it never falls back silently to an older
 checkpoint.
+
+A checkpoint belongs to a run: its record holds the run's identity (``run``, a digest of
+``run_settings``: the mode, the data and its order, the model), the settings that must be the
+same for its step to mean the same model trained on the same samples in the same order.
+Everything else (the rank count, the batch, the learning rate, the number of epochs, ...) may
+change at ``--resume``. A checkpoint without ``run`` in its record has it worked out from the
+configuration it records; one that records neither has no identity (``None``). ``save`` keeps
+the newest ``keep`` checkpoints of its own run and never deletes, nor writes over, another's.
 """
 import glob
 import hashlib
@@ -19,7 +27,8 @@ import json
 import os
 import re
 import zipfile
-from typing import Any, Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -45,6 +54,98 @@ def listing(directory: str) -> List[Tuple[int, str]]:
         if match:
             found.append((int(match.group(1)), os.path.join(directory, entry)))
     return sorted(found)
+
+
+#: The configuration fields a run's identity is made of (see the module's docstring), and the
+#: option each comes from; the synthetic data set's sizes count only for that data set.
+IDENTITY_OPTIONS = (("mode", "--mode"), ("dataset", "--dataset"), ("seed", "--seed"),
+                    ("test_fraction", "--test-fraction"), ("hidden", "--hidden"), ("dtype", "--dtype"))
+SYNTHETIC_OPTIONS = (("samples", "--samples"), ("features", "--features"), ("classes", "--classes"))
+
+
+def run_settings(config: Mapping[str, Any], mode: str) -> Dict[str, Any]:
+    """The settings that make a run's identity, from a configuration (``Config.as_dict()``, the CLI's
+    options) and the ``--mode``. ``KeyError`` if ``config`` lacks one."""
+    settings = {"mode": mode, **{name: config[name] for name, _ in IDENTITY_OPTIONS[1:]}}
+    settings["hidden"] = [int(width) for width in settings["hidden"]]
+    if settings["dataset"] == "synthetic":
+        settings.update({name: config[name] for name, _ in SYNTHETIC_OPTIONS})
+    return settings
+
+
+def run_identity(settings: Mapping[str, Any]) -> str:
+    """A run's identity: a short digest of its ``run_settings``."""
+    return hashlib.blake2b(json.dumps(settings, sort_keys=True).encode(), digest_size=8).hexdigest()
+
+
+def settings_of(meta: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+    """The ``run_settings`` of the run that wrote a checkpoint with this record, or None if it records
+    neither them nor a configuration to work them out from."""
+    if isinstance(meta.get("run_settings"), dict):
+        return dict(meta["run_settings"])
+    try:
+        return run_settings(meta["config"], mode_of(meta))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def identity_of(meta: Mapping[str, Any]) -> Optional[str]:
+    """The identity of the run that wrote a checkpoint with this record (None: it has none)."""
+    if isinstance(meta.get("run"), str):
+        return meta["run"]
+    settings = settings_of(meta)
+    return None if settings is None else run_identity(settings)
+
+
+def differences(theirs: Mapping[str, Any], mine: Mapping[str, Any]) -> str:
+    """The options in which two runs' settings differ, in words: ``--seed 1 where this run has --seed 0``."""
+    said = []
+    for name, option in IDENTITY_OPTIONS + SYNTHETIC_OPTIONS:
+        if theirs.get(name) != mine.get(name) and (name in theirs or name in mine):
+            def shown(settings):
+                value = settings.get(name)
+                return ",".join(map(str, value)) if name == "hidden" and value is not None else value
+            said.append(f"{option} {shown(theirs)} where this run has {option} {shown(mine)}")
+    return "; ".join(said) or "the same settings"
+
+
+@dataclass
+class Found:
+    """One checkpoint file in a directory, as its record says (read, not verified)."""
+    step: int
+    path: str
+    run: Optional[str]                     # its run's identity; None: unknown (no record of it, or unreadable)
+    settings: Optional[Dict[str, Any]]
+    mode: Optional[str]
+    readable: bool                         # whether its record could be read at all
+
+
+_records: Dict[Tuple[str, int, int, int], Tuple[Optional[str], Optional[Dict[str, Any]], Optional[str], bool]] = {}
+
+
+def _record(path: str) -> Tuple[Optional[str], Optional[Dict[str, Any]], Optional[str], bool]:
+    """(identity, settings, mode, readable) of the checkpoint at ``path``, from its record, unverified;
+    remembered per file version (a checkpoint is only ever replaced whole)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None, None, None, False
+    key = (path, info.st_ino, info.st_mtime_ns, info.st_size)
+    if key not in _records:
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                meta = json.loads(str(data["meta"]))
+            if not isinstance(meta, dict):
+                raise ValueError("bad meta record")
+            _records[key] = (identity_of(meta), settings_of(meta), mode_of(meta), True)
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError):
+            _records[key] = (None, None, None, False)
+    return _records[key]
+
+
+def survey(directory: str) -> List[Found]:
+    """The checkpoints in ``directory``, oldest first, each with its run as its record says."""
+    return [Found(step, path, *_record(path)) for step, path in listing(directory)]
 
 
 def latest(directory: str) -> Optional[str]:
@@ -126,17 +227,26 @@ def _fsync_directory(directory: str) -> None:
 def save(directory: str, step: int, arrays: Dict[str, np.ndarray], meta: Dict[str, Any], keep: int = 3) -> str:
     """Write ``arrays`` and ``meta`` as ``directory/checkpoint-<step>.npz`` atomically; keep the newest ``keep``.
 
-    Returns the path written. ``meta`` must be JSON-serialisable; ``step`` is stored in it.
+    Returns the path written. ``meta`` must be JSON-serialisable; ``step`` is stored in it. Only
+    checkpoints of the same run as ``meta``'s (``identity_of``) count towards ``keep`` and are
+    deleted; a file of another run (or one whose record cannot be read) at ``step`` is not written
+    over: ``CheckpointError``, before anything is written.
     """
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
     os.makedirs(directory, exist_ok=True)
+    mine = identity_of(meta)
+    final = os.path.join(directory, name_for(step))
+    if os.path.lexists(final):
+        run, _, _, readable = _record(final)
+        if run != mine or not readable:
+            held = "a checkpoint of another run" if readable else "a file whose record cannot be read"
+            raise CheckpointError(f"{final} holds {held}; it is not written over: move it away")
     for stale in glob.glob(os.path.join(directory, TMP_PREFIX + "*")):
         try:                               # left by a writer that was killed mid-write
             os.unlink(stale)
         except OSError:
             pass
-    final = os.path.join(directory, name_for(step))
     tmp = os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}-{name_for(step)}")
     record = json.dumps({**meta, "step": step, "format": FORMAT, "version": VERSION})
     fields = {"meta": np.array(record), "checksum": np.array(checksum(arrays, record)), **arrays}
@@ -150,7 +260,8 @@ def save(directory: str, step: int, arrays: Dict[str, np.ndarray], meta: Dict[st
         if os.path.exists(tmp):
             os.unlink(tmp)
     _fsync_directory(directory)
-    for _, old in listing(directory)[:-keep]:
+    own = [found.path for found in survey(directory) if found.readable and found.run == mine]
+    for old in own[:-keep]:
         os.unlink(old)
     return final
 

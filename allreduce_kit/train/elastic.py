@@ -5,8 +5,9 @@ allreduce_kit.train ...`` with ``--checkpoint-every N`` and watches it. Each ran
 and host, and rank 0 the step it has finished, in a directory of the supervisor's
 (``ALLREDUCE_KIT_ELASTIC_DIR``). When a rank dies, MPICH's ``mpiexec`` ends the job and names the
 dead process's pid; the supervisor looks the pid up, and relaunches training on the survivors'
-count (P - 1) with ``--resume`` from the newest checkpoint, which re-shards the data from the
-checkpoint's sample (``--on-resize``). It repeats that while at least ``--min-ranks`` ranks are
+count (P - 1) with ``--resume`` from the newest checkpoint of its own run (rank 0 reports the run's
+identity, checkpoint.py; other runs' checkpoints are left alone), which re-shards the data from
+the checkpoint's sample (``--on-resize``). It repeats that while at least ``--min-ranks`` ranks are
 left, and at the end reports every loss: which rank, at which step, the recovery time (from the
 end of the broken job to the first step of the new one), the steps redone, the rank count after.
 
@@ -103,6 +104,8 @@ def report_in(trainer) -> Optional[callable]:
         return None
     rank = trainer.comm.Get_rank()
     mine = os.path.join(directory, f"rank-{rank}")
+    if rank == 0:                                # which run this is: the supervisor resumes only its checkpoints
+        _write(os.path.join(directory, RUN), f"{trainer.run_identity}\n")
     # Under srun, the job step too: the supervisor cancels it when a node is lost.
     step = (f" {os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}"
             if os.environ.get("SLURM_JOB_ID") and os.environ.get("SLURM_STEP_ID") else "")
@@ -125,6 +128,7 @@ def report_in(trainer) -> Optional[callable]:
 
 
 BEAT = ".beat"
+RUN = "run"
 
 
 def _beat_period() -> float:
@@ -198,13 +202,19 @@ def _say(message: str) -> None:
     sys.stdout.flush()
 
 
-def usable_checkpoint(directory: str) -> Tuple[Optional[int], List[str]]:
-    """The newest checkpoint in ``directory`` that loads, as its step (None: there is none), and a
-    message for each corrupt one met on the way, which is moved aside (``NAME.corrupt``)."""
+def usable_checkpoint(directory: str, run: Optional[str] = None) -> Tuple[Optional[int], List[str]]:
+    """The newest checkpoint of run ``run`` in ``directory`` that loads, as its step (None: there is
+    none), and a message for each corrupt one met on the way, which is moved aside (``NAME.corrupt``).
+    Checkpoints of other runs are passed over and left as they are; one whose run cannot be told
+    counts as this run's (the relaunch's --resume then says what is wrong with it). ``run`` None
+    (the job never said which run it is): every checkpoint counts."""
     notes = []
     if not os.path.isdir(directory):
         return None, notes
-    for step, path in reversed(checkpoint.listing(directory)):
+    for found in reversed(checkpoint.survey(directory)):
+        step, path = found.step, found.path
+        if run is not None and found.run not in (run, None):
+            continue
         try:
             checkpoint.load(path)
             return step, notes
@@ -503,6 +513,14 @@ def _placement(directory: str) -> Dict[str, List[int]]:
     return {host: sorted(ranks) for host, ranks in placed.items()}
 
 
+def _run(directory: str) -> Optional[str]:
+    """The run identity rank 0 reported in ``directory`` (``report_in``), or None."""
+    try:
+        return open(os.path.join(directory, RUN)).read().strip() or None
+    except OSError:
+        return None
+
+
 def _progress(directory: str) -> Optional[int]:
     try:
         return int(open(os.path.join(directory, "progress")).read().strip() or "x")
@@ -603,6 +621,7 @@ def _supervise(known, rest: List[str], directory: str, mpiexec: str, report: str
         cleanup = ["-disable-auto-cleanup"] if "HYDRA" in version else []
     resume = "--resume" in rest
     rest = [a for a in rest if a != "--resume"]
+    run: Optional[str] = None                  # the run's identity, once its rank 0 has reported it
     job: Optional[Job] = None
     stopping = []
 
@@ -628,6 +647,7 @@ def _supervise(known, rest: List[str], directory: str, mpiexec: str, report: str
             if job.first_dead is not None or job.silent:
                 job.end_survivors(report)
             status = job.wait()
+            run = _run(report) or run          # the same for every launch: written by rank 0 of each
             ended = job.first_dead[1] if job.first_dead else job.silent_since if job.silent else time.monotonic()
             if stopping or status == STOPPED or (status == 0 and not job.silent):
                 return _finish(status, losses, json_path)
@@ -663,12 +683,15 @@ def _supervise(known, rest: List[str], directory: str, mpiexec: str, report: str
                 _say(f"recovery failed: {loss.ranks_after} rank{'s' if loss.ranks_after != 1 else ''} left, fewer "
                      f"than --min-ranks {known.min_ranks}")
                 return _finish(FAILED, losses, json_path)
-            step, notes = usable_checkpoint(directory)
+            step, notes = usable_checkpoint(directory, run)
             for note in notes:
                 _say(note)
             if step is None and notes:
                 _say(f"recovery failed: no checkpoint in {directory} can be read")
                 return _finish(FAILED, losses, json_path)
+            if step is not None:
+                _say(f"resuming from {os.path.join(directory, checkpoint.name_for(step))} (step {step}), the newest "
+                     f"checkpoint of this run")
             loss.resumed_from, loss.steps_redone = step, (loss.step or 0) - (step or 0)
             loss.died_at = ended
             resume = step is not None

@@ -18,7 +18,7 @@ def model_line(trainer: Any, requested_batch: int, algorithm: str) -> str:
             + f"), lr {config.lr:g}"
             + (f" x {ranks} (linear scaling)" if config.lr_scaling == "linear" else "")
             + f", algorithm {algorithm}"
-            + (f"; resumed at step {trainer.step}" if config.resume else ""))
+            + (f"; resumed at step {trainer.step} from {trainer.resumed_from}" if config.resume else ""))
 
 
 def epoch_line(e: Dict[str, Any], epochs: int) -> str:

@@ -7,6 +7,7 @@ is passed through to ``allreduce``; "auto" lets the library pick); for its repor
 library afterwards what ``auto`` picked for each bucket's size.
 """
 import hashlib
+import os
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -114,6 +115,13 @@ class Trainer:
         self.comm = (comm or MPI.COMM_WORLD).Dup()       # the trainer's own few messages
         self.rank, self.ranks = self.comm.Get_rank(), self.comm.Get_size()
         self.data = dataset if dataset is not None else load_data(config)
+        #: The run's identity (checkpoint.py): every checkpoint it writes carries it, and --resume
+        #: continues only from checkpoints that carry it.
+        self.run_settings = checkpoint.run_settings(config.as_dict(), "sync")
+        self.run_identity = checkpoint.run_identity(self.run_settings)
+        #: The checkpoint a --resume continued from (None: a fresh run), and what it said about the directory.
+        self.resumed_from: Optional[str] = None
+        self.resume_note: Optional[str] = None
         #: The run's configuration, with ``batch_size`` lowered to a rank's shard if it was larger.
         self.config = config = replace(config, batch_size=data.shard_batch(len(self.data.y_train), self.ranks,
                                                                            config.batch_size))
@@ -390,6 +398,7 @@ class Trainer:
         done, into = self.plan.position(self.step)
         meta = {"step": self.step, "ranks": self.ranks, "batch_size": self.config.batch_size, "widths": self.model.widths,
                 "dtype": self.model.dtype.name, "seed": self.config.seed, "mode": "sync",
+                "run": self.run_identity, "run_settings": self.run_settings,
                 "data_rng": {"scheme": "permutation of epoch e drawn from numpy default_rng([seed, 3, e])",
                              "seed": self.config.seed},
                 "jitter_rng_states": [state for state, _ in gathered], "skipped_steps": self.skipped_steps,
@@ -432,20 +441,33 @@ class Trainer:
         return None
 
     def _resume(self, snapshot: Optional[Tuple[Dict[str, np.ndarray], Dict[str, Any]]] = None) -> None:
-        error, meta = None, None
+        """Continue from ``snapshot``, or from the newest checkpoint of this run in the checkpoint
+        directory (read by rank 0, broadcast). Checkpoints of other runs there are left alone and
+        never continued from; one whose run cannot be told (its record names none, or cannot be
+        read) is taken as this run's when it is the newest, so that ``load`` and ``_mismatch`` say
+        what is wrong with it rather than an older one being used silently."""
+        error, meta, path, others, own = None, None, None, [], []
         directory = self.config.checkpoint_dir
         if snapshot is not None:                          # held by every rank: nothing to read
             self.model.params[...] = snapshot[0]["params"]
             self.optimizer.velocity[...] = snapshot[0]["velocity"]
             meta = snapshot[1]
         elif self.rank == 0:
-            path = None
             try:
-                path = checkpoint.latest(directory)
-                if path is None:
+                found = checkpoint.survey(directory)
+                if not found:
                     raise FileNotFoundError
+                own = [f for f in found if f.run in (self.run_identity, None)]
+                others = [(f.step, f.path, "its settings are not recorded" if f.settings is None else
+                           checkpoint.differences(f.settings, self.run_settings), f.run)
+                          for f in found if f.run not in (self.run_identity, None)]
+                path = (own or found)[-1].path
                 arrays, meta = checkpoint.load(path)
                 error = self._mismatch(path, meta, arrays)
+                if error is None and not own:             # another run's, alike in what _mismatch looks at
+                    error = f"{path} is another run's ({others[-1][2]})"
+                if error is not None and not own:
+                    error += f"; {directory} holds no checkpoint of this run"
                 if error is None:
                     self.model.params[...] = arrays["params"]
                     self.optimizer.velocity[...] = arrays["velocity"]
@@ -453,14 +475,14 @@ class Trainer:
                 error = f"no checkpoint in {directory} (no checkpoint-*.npz)"
             except checkpoint.CheckpointError as bad:
                 error = str(bad)
-                older = [p for _, p in checkpoint.listing(directory) if p != path]
+                older = [f.path for f in own if f.path != path]
                 if older:
                     error += f"; it is not loaded: move it away to resume from the previous one, {older[-1]}"
             except (ValueError, KeyError, OSError) as bad:
                 error = f"cannot read {path or directory}: {bad}"
             if error:
                 error = f"--resume: {error}"
-        error, meta = self.comm.bcast((error, meta), root=0)
+        error, meta, path, others = self.comm.bcast((error, meta, path, others), root=0)
         if error:
             raise ResumeError(error)
         broadcast_parameters(self.model.params, root=0, comm=self.comm)
@@ -477,6 +499,25 @@ class Trainer:
                              "seconds": float(now["seconds"])}
         if self.rank < len(meta["jitter_rng_states"]):
             self.jitter_rng.bit_generator.state = meta["jitter_rng_states"][self.rank]
+        self.resumed_from = path
+        if others:
+            self._other_runs(directory, others)
+
+    def _other_runs(self, directory: str, others: List[Tuple[int, str, str, str]]) -> None:
+        """Refuse to go on where this run would write over another run's checkpoint (a step between its
+        own and its last, where a save could fall); else note that the others are left alone.
+        ``others``: (step, path, how its run's settings differ, its run) of each, oldest first."""
+        whose = "another run" if len({run for *_, run in others}) == 1 else "other runs"
+        reached = [(step, path, how) for step, path, how, _ in others if self.step < step <= self.total_steps()]
+        if reached:
+            step, path, how = reached[-1]
+            raise ResumeError(f"--resume: {directory} also holds checkpoints of {whose} at steps this run reaches, "
+                              f"which its own would write over ({', '.join(str(s) for s, _, _ in reached)}; "
+                              f"{os.path.basename(path)}: {how}): move them away, or resume from a copy of this "
+                              f"run's checkpoints in another directory")
+        step, path, how, _ = others[-1]
+        self.resume_note = (f"--resume: left alone {len(others)} checkpoint{'s' if len(others) != 1 else ''} of {whose} "
+                            f"in {directory} (the newest {os.path.basename(path)}, step {step}: {how})")
 
     def _resize(self, meta: Dict[str, Any]) -> None:
         """Continue from the checkpoint's sample at this rank count, batch and accumulation (resize.py)."""
