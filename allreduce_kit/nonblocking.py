@@ -5,7 +5,9 @@
 >>> handle.wait()                          # grad holds the result (wait returns it)
 
 How it progresses: the call runs the library's own blocking collective, with everything it
-takes, on the process's progress thread (``progress.py``), while the caller goes on. A call is
+takes, on the process's progress thread (``progress.py``), while the caller goes on. There, a
+wait for another rank's flag in a shared window yields the core on every turn instead of
+spinning (``spin.yielding``), so that the caller's computation keeps its core. A call is
 checked on the calling thread before anything starts; the rest (the agreement step of
 ``check=True``, the algorithm, the stall inspector's watch) happens on the progress thread as it
 would in the blocking call, and what that raises, ``wait()`` raises.
@@ -26,6 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import config
+from .algorithms.spin import yielding
 from .collective import allreduce, validate
 from .comm import library_comm
 from .progress import available, submit
@@ -102,7 +105,11 @@ def start(collective: Callable[..., Any], *args: Any, **kwargs: Any) -> Handle:
     """
     handle = Handle(getattr(collective, "__name__", "collective"))
     if _threads_allowed():
-        submit(lambda: handle._run(collective, args, kwargs))
+        def job() -> None:
+            with yielding():  # a wait for a peer gives the core to the caller's computation
+                handle._run(collective, args, kwargs)
+
+        submit(job)
     else:
         handle._run(collective, args, kwargs)
     return handle

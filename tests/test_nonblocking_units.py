@@ -109,3 +109,20 @@ def test_begin_checks_on_the_calling_thread_and_starts_nothing_that_fails(monkey
 
 def test_a_handle_is_what_iallreduce_returns():
     assert nonblocking.iallreduce.__annotations__["return"] is Handle
+
+
+def test_on_the_progress_thread_a_spinning_window_yields_instead(monkeypatch):
+    """A shared window whose ranks spin (each has a core) is waited on by yielding while a
+    nonblocking call runs, so that the caller's computation keeps its core; and spins again after."""
+    from mpi4py import MPI
+
+    from allreduce_kit.algorithms.spin import SPIN, YIELD, NodeWindow
+
+    monkeypatch.delenv("ALLREDUCE_KIT_WAIT", raising=False)
+    window = NodeWindow(MPI.COMM_SELF.Dup(), 64, oversubscribed=False)
+    try:
+        assert window.record[0] == SPIN
+        assert start(lambda: int(window.record[0])).wait() == YIELD
+        assert window.record[0] == SPIN
+    finally:
+        window.free()

@@ -36,7 +36,7 @@ class Compute:
         self.b = np.empty_like(self.a)
         self.pieces, self.steps = 1, 1
         self.steps = self._steps_per(POLL_MS)
-        one = self._seconds(8) / 8
+        one = min(self._seconds(8) for _ in range(3)) / 8  # the least disturbed of three
         mine = max(1, round(milliseconds / 1e3 / one))
         self.pieces = max(1, round(comm.allreduce(mine) / comm.Get_size()))
 
