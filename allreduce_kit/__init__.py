@@ -27,6 +27,7 @@ _PUBLIC = {
     "FlatParameters": "params", "average_arrays": "params", "average_buffer": "params",
     "broadcast_parameters": "params",
     "plan": "plans", "Plan": "plans",
+    "iallreduce": "nonblocking", "Handle": "nonblocking", "wait_all": "nonblocking",
 }
 
 __all__ = [*_PUBLIC, "__version__"]

@@ -10,6 +10,7 @@ from .algorithms import ALGORITHMS, shared_memory
 from .algorithms import mpi as native
 from .algorithms.signature import mismatch
 from .comm import _world, library_comm
+from .progress import IN_FLIGHT, wait_turn
 from .reduction import OPS
 from .stall import INSPECTOR
 
@@ -200,7 +201,12 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
     If the call has not finished after ``stall_timeout`` seconds (default: see
     ``allreduce_kit.stall``; 0 turns it off), the ranks that are waiting print which ranks have
     not arrived and the job is aborted.
+
+    While nonblocking calls (``iallreduce``, ...) are in flight, it first waits for them to
+    finish (``progress``): collectives reach a communicator in the order the program made them.
     """
+    if IN_FLIGHT[0]:
+        wait_turn()
     if check is None and stall_timeout is None and (comm is None or comm is _COMM_WORLD):
         again = LAST[0]
         if again is None or again.ref() is not buf or again.algorithm is not algorithm:

@@ -10,6 +10,7 @@ from mpi4py import MPI
 
 from . import config, faults
 from .reduction import Reductions
+from .progress import IN_FLIGHT, wait_turn
 from .stall import INSPECTOR, Watch
 from .topology import Topology
 
@@ -88,6 +89,8 @@ class LibraryComm(MPI.Intracomm):
 
 def _free_clone(comm: MPI.Comm, keyval: int, clone: LibraryComm) -> None:
     if not MPI.Is_finalized():
+        if IN_FLIGHT[0]:
+            wait_turn()  # a nonblocking call on the clone finishes before the clone is freed
         INSPECTOR.unwatch(clone.watch)
         for held in clone.state.values():
             if hasattr(held, "free"):  # a shared window, a node communicator

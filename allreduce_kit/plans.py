@@ -33,6 +33,7 @@ from .algorithms import shared_memory
 from .algorithms.signature import mismatch
 from .collective import _agree, array_of, validate
 from .comm import library_comm
+from .progress import IN_FLIGHT, wait_turn
 from .stall import INSPECTOR
 
 __all__ = ["Plan", "plan"]
@@ -130,6 +131,8 @@ class Plan:
     def __call__(self, buf: Optional[np.ndarray] = None, *, comm: Optional[MPI.Intracomm] = None) -> np.ndarray:
         """Reduce the plan's buffer in place and return it (collective). ``buf`` and ``comm``, if
         given, must be the plan's own: another raises ``ValueError`` before anything is sent."""
+        if IN_FLIGHT[0]:
+            wait_turn()  # after the nonblocking calls started before it (``progress``)
         if buf is not None or comm is not None:
             self._same(buf, comm)
         source = self._ref()

@@ -24,6 +24,7 @@ from mpi4py import MPI
 
 from . import config, faults
 from .abort import abort_job
+from .progress import IN_FLIGHT, wait_turn
 
 QUERY, REPLY = 1, 2
 #: How long a stuck rank waits for the others' watchdogs to answer its query, in seconds.
@@ -132,7 +133,10 @@ class Inspector:
         ``watch`` ``None``: the set-up of a library communicator, which is itself collective and
         has no channel yet to ask the other ranks where they are; a stall there ends the job
         with a message that says so. Inside another watched call, the outer one stays watched.
+        A collective that is watched runs after the nonblocking calls started before it (``progress``).
         """
+        if IN_FLIGHT[0]:
+            wait_turn()
         if self.current is not None:
             yield
             return

@@ -149,12 +149,31 @@ def test_fit_prints_parameters_from_a_run_and_from_files(mpirun, tmp_path):
     (["--fit", "/nonexistent/rows.json"], "/nonexistent/rows.json"),
     (["--json", "/nonexistent/out.json"], "--json"),
     (["-a", "auto", "--tune", "/tmp/never-written.json"], "--tune"),
+    (["--overlap", "lots"], "--overlap"),
+    (["--overlap", "--compute-ms", "0"], "--compute-ms"),
+    (["--overlap", "--tune", "/tmp/never-written.json"], "--overlap"),
 ])
 def test_bad_options_exit_2_with_one_message(mpirun, bad, words):
     result = mpirun(2, BENCH + bad, timeout=120)
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.count("error:") == 1, result.stderr
     assert words in result.stderr and "Traceback" not in result.stderr
+
+
+def test_overlap_times_the_pair_against_each_alone(mpirun, tmp_path):
+    """``--overlap``: per method, compute alone, the collective alone, both, and their ratio;
+    ``mpi`` is MPI's own Iallreduce."""
+    out = tmp_path / "overlap.json"
+    result = ok(mpirun(2, BENCH + ["--overlap", "64K", "--compute-ms", "2", *QUICK, "-a", "auto,ring,mpi",
+                                   "--json", out], timeout=240))
+    assert "ratio" in result.stdout and "MPI Iallreduce, polled" in result.stdout
+    payload = json.loads(out.read_text())
+    assert payload["preamble"]["ranks"] == 2 and payload["preamble"]["size"] == 65536
+    rows = payload["overlap"]
+    assert [r["algorithm"] for r in rows] == ["auto", "ring", "mpi"]
+    for row in rows:
+        assert row["size"] == 65536 and row["compute_ms"] > 0 and row["collective_ms"] > 0 and row["both_ms"] > 0
+        assert row["ratio"] == pytest.approx(row["both_ms"] / max(row["compute_ms"], row["collective_ms"]))
 
 
 def test_a_broken_tuning_file_is_an_input_error(mpirun, tmp_path):

@@ -25,7 +25,9 @@ rank of the node):
 import ctypes
 import platform
 import sys
-from typing import Optional, Sequence
+import weakref
+from contextlib import contextmanager
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 from llvmlite import ir
@@ -304,6 +306,7 @@ class NodeWindow:
             raise ValueError(str(requested))
         self.mode = wait_mode(oversubscribed, requested, node.allreduce(can_block(), MPI.LAND))
         self.record = wait_record(self.mode)
+        _WINDOWS.add(self)
         self.wait = self.record.ctypes.data
         # Rank 0 allocates the whole window, so it is one contiguous block for every rank.
         self.win = MPI.Win.Allocate_shared(nbytes if node.Get_rank() == 0 else 0, 1, comm=node)
@@ -312,5 +315,25 @@ class NodeWindow:
         self.yield_fn = address_of_sched_yield() if oversubscribed else 0
 
     def free(self) -> None:
+        _WINDOWS.discard(self)
         self.win.Free()
         self.node.Free()
+
+
+_WINDOWS: "weakref.WeakSet[NodeWindow]" = weakref.WeakSet()
+
+
+@contextmanager
+def yielding() -> Iterator[None]:
+    """While the block runs, this process's waits on every window that spins yield the core on
+    each turn instead: for a thread that runs collectives beside another that computes (the
+    nonblocking calls' progress thread), where a spinning wait would take the computation's core.
+    Which way a rank waits is its own affair (no other rank reads its ``wait`` record)."""
+    spinning = [window for window in list(_WINDOWS) if window.record[0] == SPIN]
+    for window in spinning:
+        window.record[0] = YIELD
+    try:
+        yield
+    finally:
+        for window in spinning:
+            window.record[0] = SPIN

@@ -8,6 +8,7 @@ of median times to MPI's, per size.
   mpiexec -n 4 python -m allreduce_kit.bench -b 8 -e 64M -f 2
   mpiexec -n 4 python -m allreduce_kit.bench --tune          # crossover points for auto
   python -m allreduce_kit.bench --fit p2.json p4.json p8.json  # fit alpha, beta, gamma
+  mpiexec -n 2 python -m allreduce_kit.bench --overlap        # iallreduce of 16 MiB behind 20 ms of numpy
 """
 if __name__ == "__main__":  # abort-on-error and heavy yield, asked for before MPI starts
     from ..run import prepare
@@ -34,6 +35,7 @@ from ..reduction import OPS, use_kernels
 from ..threads import limit_threads
 from . import fit as cost
 from . import network, output
+from . import overlap as overlapping
 from ..plots import NO_MATPLOTLIB, mpi_name
 from .plot import have_matplotlib, plot
 from .sweep import available, ratios, sweep
@@ -108,6 +110,12 @@ def build_parser() -> RankZeroParser:
                         help="a call still waiting after this long names the ranks that have not arrived and "
                              "aborts the job (0: off; docs/reliability.md) (default: $ALLREDUCE_KIT_STALL_TIMEOUT, "
                              "else 60)")
+    parser.add_argument("--overlap", metavar="SIZE", nargs="?", const="16M", default=None,
+                        help="instead of the table: time a nonblocking allreduce of SIZE bytes per rank (default "
+                             "16M) started before --compute-ms of numpy work, against each alone; -a names the "
+                             "algorithms for iallreduce ('mpi': MPI's Iallreduce, polled; default auto,mpi)")
+    parser.add_argument("--compute-ms", type=float, default=20.0, metavar="MS",
+                        help="--overlap: milliseconds of numpy work per rank")
     return parser
 
 
@@ -147,6 +155,17 @@ def check_args(parser: RankZeroParser, args) -> None:
         parser.error(f"--link-gbps must be a positive number of Gbit/s, got {args.link_gbps}")
     if args.plot and not have_matplotlib():
         parser.error(f"--plot: {NO_MATPLOTLIB}")
+    if args.overlap is not None:
+        try:
+            args.overlap_bytes = parse_bytes(args.overlap)
+        except ValueError as error:
+            parser.error(f"--overlap: {error}")
+        if not 0 < args.compute_ms < float("inf"):
+            parser.error(f"--compute-ms must be a positive number of milliseconds, got {args.compute_ms}")
+        if args.tune or args.fit is not None or args.plot or args.csv:
+            parser.error("--overlap prints its own rows: it cannot be combined with --tune, --fit, --plot or --csv")
+        if args.algorithms == "all":
+            args.names = ["auto", "mpi"]
 
 
 def tune_file_problem(path: str) -> Optional[str]:
@@ -285,6 +304,42 @@ def preamble(comm: MPI.Intracomm, args, threads: int, auto_source: str, tuning: 
     return info
 
 
+def overlap_main(comm: MPI.Intracomm, args) -> int:
+    """``--overlap``: the nonblocking allreduce behind numpy work, against each alone (``overlap.py``)."""
+    dtype = np.dtype(args.datatype)
+    threads = limit_threads(comm)
+    kernels.warm_up([dtype], [args.op])
+    hosts = sorted(set(comm.allgather(MPI.Get_processor_name() or socket.gethostname())))
+    p = comm.Get_size()
+    info = {"mpi_library": MPI.Get_library_version().strip().splitlines()[0],
+            "mpi_name": mpi_name(MPI.Get_library_version()), "ranks": p, "hosts": hosts,
+            "numba_threads_per_rank": threads, "cores": library_comm(comm).layout.cores_per_node[0],
+            "oversubscribed": library_comm(comm).oversubscribed, "dtype": args.datatype, "op": args.op,
+            "size": args.overlap_bytes, "compute_ms": args.compute_ms, "warmup": args.warmup_iters,
+            "samples": args.iters, "methods": args.names,
+            "timing": "each of compute alone, collective alone (started then waited for) and both (started, compute, "
+                      "wait): barrier, run, slowest rank's time; median over samples; methods and timings take turns; "
+                      "ratio = both / the longer alone"}
+    say(f"# {PROG} --overlap: nonblocking allreduce of {human(args.overlap_bytes)} ({args.datatype} {args.op}) started "
+        f"before {args.compute_ms:g} ms of numpy work, {plural(p, 'rank')} on {plural(len(hosts), 'host')} "
+        f"({', '.join(hosts)})")
+    say(f"# MPI: {info['mpi_name']}; {info['cores']} cores per node"
+        + ("; more ranks than cores: a rank's progress thread competes with ranks for a core" if info["oversubscribed"]
+           else ""))
+    say(f"# {args.warmup_iters} warm-up and {args.iters} timed samples of each timing (median); time = the slowest "
+        f"rank's; ratio = both / the longer alone (1.00: fully hidden; serial: the ratio with no overlap)")
+    say("#\n" + overlapping.HEADER)
+    rows = overlapping.measure(comm, args.overlap_bytes, dtype, args.op, args.names, args.compute_ms, args.iters,
+                               args.warmup_iters)
+    for row in rows:
+        say(overlapping.line(row))
+    if comm.Get_rank() == 0 and args.json:
+        write_json(args.json, {"preamble": info, "overlap": rows})
+        print(f"# wrote {args.json}", flush=True)
+    comm.Barrier()
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     check_launch(prog="python -m allreduce_kit.bench")  # N unconnected copies (srun --mpi=none) stop here
     comm = MPI.COMM_WORLD
@@ -313,6 +368,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     agree(comm, problem)
     if args.stall_timeout is not None:
         stall.set_stall_timeout(args.stall_timeout)
+    if args.overlap is not None:
+        return overlap_main(comm, args)
 
     dtype = np.dtype(args.datatype)
     sizes = message_sizes(args.low, args.high, args.stepfactor, dtype.itemsize)

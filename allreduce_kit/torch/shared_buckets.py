@@ -34,6 +34,7 @@ from numba import njit
 from ..algorithms.spin import NodeWindow, node_of, raise_flag, wait_on, wait_record
 from ..kernels import reduce as _loops
 from ..kernels.stream import stream_copy
+from ..progress import IN_FLIGHT, wait_turn
 from ..stall import INSPECTOR
 
 #: Bucket dtypes reduced in the window; others (and compressed buckets) take ``allreduce``.
@@ -155,6 +156,8 @@ class SharedBuckets:
         """Reduce bucket ``k`` (``flats[k]`` on every rank) in place with ``op`` (sum or mean)."""
         stride, count = self._calls[k]
         reduction = self.lib.reductions[op]
+        if IN_FLIGHT[0]:
+            wait_turn()  # after the nonblocking calls started before it (``progress``)
         watch = self.lib.watch   # the stall inspector's bookkeeping, as in ``collective.allreduce``
         watch.calls += 1
         INSPECTOR.current = (watch, None, what, None)
