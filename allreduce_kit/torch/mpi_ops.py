@@ -350,7 +350,7 @@ def begin(caller: str, check: Optional[bool], validate: Callable[[], Any], descr
 
 # -- reductions ---------------------------------------------------------------------------------
 
-def reduce_half(lib: LibraryComm, tensor: torch.Tensor, op: str, what: str) -> None:
+def reduce_half(lib: LibraryComm, tensor: torch.Tensor, op: str, what: str, agreed: bool = False) -> None:
     """Reduce a contiguous float16 or bfloat16 tensor in place over ``lib``'s ranks.
 
     A reduce-scatter then an allgather, both of 2-byte words: rank r receives every rank's
@@ -361,13 +361,17 @@ def reduce_half(lib: LibraryComm, tensor: torch.Tensor, op: str, what: str) -> N
     The segments are counted from the length, so the ranks first agree on length, dtype and op
     (``agree_cheaply``: one ``Allreduce`` of six int64): where they differ, every rank raises
     the same ``ValueError``, as the other dtypes' reductions do, and ``tensor`` is untouched.
+    ``agreed``: the caller knows every rank passes the same length, dtype and op (a
+    ``DistributedOptimizer``'s bucket, whose parameters were compared when it was made), and
+    the step is left out.
     """
     p, n = lib.nranks, tensor.numel()
     if p == 1:
         return
     dtype = str(tensor.dtype).replace("torch.", "")
     with INSPECTOR.watching(lib.watch, f"{what} ({n} x {dtype})"):
-        agree_cheaply(lib, what, {"buf length": n, "buf dtype": dtype, "op": op})
+        if not agreed:
+            agree_cheaply(lib, what, {"buf length": n, "buf dtype": dtype, "op": op})
         if n == 0:
             return
         words = tensor.view(-1).view(torch.int16).numpy()
@@ -390,16 +394,17 @@ def reduce_half(lib: LibraryComm, tensor: torch.Tensor, op: str, what: str) -> N
         lib.Allgatherv(segment.to(tensor.dtype).view(torch.int16).numpy(), [words, (counts, displs)])
 
 
-def reduce_(tensor: torch.Tensor, op: str, what: str = "allreduce") -> None:
+def reduce_(tensor: torch.Tensor, op: str, what: str = "allreduce", agreed: bool = False) -> None:
     """Reduce a contiguous CPU tensor of a dtype in ``tensors.REDUCIBLE`` in place (no checks;
-    the caller runs on the worker, or on the main thread after ``drain``)."""
+    the caller runs on the worker, or on the main thread after ``drain``). ``agreed``: see
+    ``reduce_half``."""
     s = _state if _state is not None else state()
     if s.size == 1:
         return
     if tensor.dtype in tensors.NATIVE:
         allreduce_array(as_numpy(tensor), op=op, comm=s.dup, check=False)
     elif tensor.dtype in tensors.HALF:
-        reduce_half(s.lib, tensor, op, what)
+        reduce_half(s.lib, tensor, op, what, agreed)
     else:
         wide = tensor.to(torch.int32)
         allreduce_array(wide.numpy(), op=op, comm=s.dup, check=False)
