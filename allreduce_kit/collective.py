@@ -12,7 +12,7 @@ from .algorithms.signature import mismatch
 from .comm import _world, library_comm
 from .progress import IN_FLIGHT, wait_turn
 from .reduction import OPS
-from .stall import INSPECTOR
+from .stall import INSPECTOR, allreduce_description
 
 _DTYPES = frozenset(kernels.DTYPES)
 _COMM_WORLD = MPI.COMM_WORLD
@@ -147,7 +147,7 @@ class Repeat:
         self.op, self.reduction, self.algorithm = op, lib.reductions[name], algorithm
         self.settled, self.winner = settled, winner
         #: What the stall inspector is told while the call runs (``stall.Inspector``).
-        self.watched = (lib.watch, None, f"allreduce(algorithm={algorithm!r}, {buf.size} x {buf.dtype})", None)
+        self.watched = (lib.watch, None, allreduce_description(algorithm, buf.size, buf.dtype, name), None)
         self.fn = ALGORITHMS[winner]
         bound = shared_memory.binding(lib, buf.dtype, self.reduction) if winner == "shared_memory" else None
         # set where the call goes straight into a compiled kernel: ``kernel(buf, address, code, divisor)``
@@ -249,7 +249,7 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
     # microseconds (see the comment in ``stall.Inspector``).
     watch = lib.watch
     watch.calls += 1
-    INSPECTOR.current = (watch, stall_timeout, algorithm, array)
+    INSPECTOR.current = (watch, stall_timeout, algorithm, array, name)
     try:
         if checked and lib.nranks > 1:
             _agree(lib, array, name, algorithm, error)

@@ -3,6 +3,7 @@
 Every message the library sends travels on this clone, so it can never match a receive the
 user posted on their own communicator, whatever tags either side uses.
 """
+import threading
 from typing import Callable, Dict, Optional, Type, TypeVar
 
 import numpy as np
@@ -101,17 +102,31 @@ def _free_clone(comm: MPI.Comm, keyval: int, clone: LibraryComm) -> None:
 
 _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_free_clone)
 _world: list = []
+#: communicator handle -> the lock held while its clone is made (``_set_up``): one per
+#: communicator, so that threads setting up different communicators never wait for each other.
+_setting_up: Dict[int, threading.Lock] = {}
+_setting_up_guard = threading.Lock()
+
+
+class ConcurrentCallError(RuntimeError):
+    """A thread made the first collective call on a communicator while another thread of the
+    same process was setting the library up for it: calls on one communicator from several
+    threads at once are not supported."""
 
 
 def library_comm(comm: Optional[MPI.Intracomm] = None) -> LibraryComm:
     """The library's clone of ``comm`` (default ``COMM_WORLD``), created on first use.
 
     Collective the first time it is called for a communicator (it calls ``Clone``); after that
-    it is a local lookup. The clone is freed when ``comm`` is freed.
+    it is a local lookup. The clone is freed when ``comm`` is freed. A second thread that calls
+    it while another thread of the process is making that clone gets ``ConcurrentCallError``
+    at once (it never waits, and the clone being made is not disturbed).
     """
     if comm is None or comm is MPI.COMM_WORLD:  # found without an attribute lookup after the first call
         if not _world:
-            _world.append(_clone_of(MPI.COMM_WORLD))
+            lib = _clone_of(MPI.COMM_WORLD)
+            if not _world:
+                _world.append(lib)
         return _world[0]
     return _clone_of(comm)
 
@@ -125,8 +140,35 @@ def _clone_of(comm: MPI.Intracomm) -> LibraryComm:
         raise TypeError("comm must be an intracommunicator, got an intercommunicator")
     lib = comm.Get_attr(_KEYVAL)
     if lib is None:
-        with INSPECTOR.watching(None, f"setting up the library's communicator (size {comm.Get_size()}, "
-                                      f"the first collective call on it)"):
-            lib = LibraryComm(comm.Clone())
-        comm.Set_attr(_KEYVAL, lib)
+        lib = _set_up(comm)
     return lib
+
+
+def _set_up(comm: MPI.Intracomm) -> LibraryComm:
+    """Make ``comm``'s clone and cache it on ``comm`` (collective), one thread at a time.
+
+    ``Clone`` is collective: two threads of one rank cloning one communicator at once would
+    pair their clones with other ranks' wrongly and leave ``comm`` unusable. The first thread
+    holds ``comm``'s lock while it clones (waiting there for the other ranks); a thread that
+    finds the lock held raises at once instead of waiting for it, so no thread ever blocks on
+    the lock, whatever the holder waits for. Each communicator has its own lock: setting up
+    one never stands in the way of setting up another, on any thread.
+    """
+    with _setting_up_guard:
+        lock = _setting_up.setdefault(comm.py2f(), threading.Lock())
+    if not lock.acquire(blocking=False):
+        raise ConcurrentCallError(
+            f"allreduce_kit: another thread of this process is making the first collective call on this "
+            f"communicator (size {comm.Get_size()}) right now, which sets the library up for it; calls on one "
+            f"communicator from several threads at once are not supported. Make the first call from one "
+            f"thread, and the calls after it one at a time.")
+    try:
+        lib = comm.Get_attr(_KEYVAL)  # another thread may have finished between the look and the lock
+        if lib is None:
+            with INSPECTOR.watching(None, f"setting up the library's communicator (size {comm.Get_size()}, "
+                                          f"the first collective call on it)"):
+                lib = LibraryComm(comm.Clone())
+            comm.Set_attr(_KEYVAL, lib)
+        return lib
+    finally:
+        lock.release()

@@ -34,7 +34,7 @@ from .algorithms.signature import mismatch
 from .collective import _agree, array_of, validate
 from .comm import library_comm
 from .progress import IN_FLIGHT, wait_turn
-from .stall import INSPECTOR
+from .stall import INSPECTOR, allreduce_description
 
 __all__ = ["Plan", "plan"]
 
@@ -108,8 +108,8 @@ class Plan:
         else:
             self._choose(lib, array)
         #: What the stall inspector is told while a call runs, made once (``stall.Inspector``).
-        self._watched = (lib.watch, stall_timeout, f"allreduce(algorithm={self.algorithm!r}, {array.size} x "
-                                                   f"{array.dtype})", None)
+        self._watched = (lib.watch, stall_timeout, allreduce_description(self.algorithm, array.size, array.dtype, name),
+                         None)
 
     def _choose(self, lib, array: np.ndarray) -> None:
         if self.requested == "auto" and not self._idle:

@@ -6,8 +6,13 @@ number); the watchdog notes when it first saw that call in progress, and if it h
 finished after ``timeout`` seconds, the watchdog
 asks every rank's watchdog, over a communicator of its own, which call that rank has reached,
 prints the ranks that have not arrived (Horovod's "missing ranks" report) and calls
-``MPI.COMM_WORLD.Abort``. The cost on the calling path is a counter increment and one tuple
-per call; the watchdog thread, not the caller, reads the clock.
+``MPI.COMM_WORLD.Abort``. Each answer also says what the call is (the collective and its
+arguments, as ``describe`` writes them) when that rank is inside it: ranks that have reached
+the same call but describe it differently (another collective, algorithm, length, dtype, op or
+root) can never complete it, so that too is named and ends the job. Ranks that are all in the
+same call, described alike, are only slow, and are waited for. The cost on the calling path is
+a counter increment and one tuple per call; the watchdog thread, not the caller, reads the
+clock and writes the descriptions.
 
 The timeout comes from ``allreduce(..., stall_timeout=S)``, else ``set_stall_timeout(S)``, else
 ``ALLREDUCE_KIT_STALL_TIMEOUT`` (seconds; default 60; 0 turns the inspector off).
@@ -16,8 +21,9 @@ import atexit
 import sys
 import threading
 import time
+import zlib
 from contextlib import contextmanager
-from typing import Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -29,6 +35,27 @@ from .progress import IN_FLIGHT, wait_turn
 QUERY, REPLY = 1, 2
 #: How long a stuck rank waits for the others' watchdogs to answer its query, in seconds.
 ANSWER_WINDOW = 3.0
+#: The size of an answer: the call reached, whether the rank is inside it, the length and a
+#: checksum of the call's description, then the description (cut to what fits).
+REPLY_BYTES = 512
+_HEAD = 4 * 8
+
+
+def allreduce_description(algorithm: str, size: int, dtype, op: str = "sum") -> str:
+    """How the inspector names an ``allreduce`` call (the op only where it is not ``sum``).
+    Every path of one call (``collective``'s full and repeated ones, a plan) names it with this."""
+    ops = "" if op == "sum" else f", op={op!r}"
+    return f"allreduce(algorithm={algorithm!r}, {size} x {dtype}{ops})"
+
+
+def describe(current: tuple) -> str:
+    """What the call in ``Inspector.current`` is: its description, or the one made from an
+    ``allreduce``'s algorithm, buffer and op (``collective.allreduce`` passes those instead of a
+    string, so as to build nothing per call)."""
+    algorithm, buf = current[2], current[3]
+    if buf is None:
+        return algorithm
+    return allreduce_description(algorithm, buf.size, buf.dtype, current[4] if len(current) > 4 else "sum")
 
 
 #: The timeout of a call that does not pass its own (seconds; 0: off), once known: set by
@@ -74,19 +101,38 @@ class Watch:
             reply.Wait()
         self.channel.Free()
 
+    def answer(self) -> np.ndarray:
+        """This rank's answer: the call it has reached (``calls``) and, if it is inside that call
+        on this communicator, the call's description. The caller's thread may move on while this
+        is read: the description is given only if the call count did not change around reading
+        the call in progress, and that call is this communicator's."""
+        reply = np.zeros(REPLY_BYTES, np.uint8)
+        head = reply[:_HEAD].view(np.int64)
+        calls = self.calls
+        current = INSPECTOR.current
+        head[0] = calls
+        if current is not None and current[0] is self and self.calls == calls:
+            text = describe(current).encode()
+            kept = text[:REPLY_BYTES - _HEAD]
+            head[1:] = 1, len(text), zlib.crc32(text)
+            reply[_HEAD:_HEAD + len(kept)] = np.frombuffer(kept, np.uint8)
+        return reply
+
     def answer_queries(self) -> None:
-        """Tell any rank that asked which call this rank has reached (``calls``)."""
+        """Tell any rank that asked which call this rank has reached, and what it is (``answer``)."""
         status = MPI.Status()
         while self.request.Test(status):
-            self.replies.append(self.channel.Isend(np.array([self.calls], np.int64), dest=status.Get_source(), tag=REPLY))
+            self.replies.append(self.channel.Isend(self.answer(), dest=status.Get_source(), tag=REPLY))
             self.request = self.channel.Irecv(self.inbox, source=MPI.ANY_SOURCE, tag=QUERY)
         self.replies = [r for r in self.replies if not r.Test()]
 
-    def missing_ranks(self, call: int) -> Tuple[List[int], List[int]]:
-        """Ask every other rank which call it has reached: (behind ``call``, did not answer)."""
+    def missing_ranks(self, call: int) -> Tuple[List[int], List[int], Dict[int, Tuple[str, int, int]]]:
+        """Ask every other rank which call it has reached: (behind ``call``, did not answer, and
+        for each rank that is inside ``call``: its description of it as far as it fits in an
+        answer, and the whole description's length in bytes and ``zlib.crc32``)."""
         me, size = self.channel.Get_rank(), self.channel.Get_size()
         others = [r for r in range(size) if r != me]
-        answers = {r: np.full(1, -1, np.int64) for r in others}
+        answers = {r: np.zeros(REPLY_BYTES, np.uint8) for r in others}
         receives = {r: self.channel.Irecv(answers[r], source=r, tag=REPLY) for r in others}
         asks = [self.channel.Isend(np.array([call], np.int64), dest=r, tag=QUERY) for r in others]
         deadline = time.monotonic() + ANSWER_WINDOW
@@ -94,9 +140,16 @@ class Watch:
             self.answer_queries()  # other stuck ranks may be asking us at the same time
             time.sleep(0.01)
         del asks
-        behind = [r for r in others if receives[r].Test() and answers[r][0] < call]
+        heads = {r: answers[r][:_HEAD].view(np.int64) for r in others}
+        behind = [r for r in others if receives[r].Test() and heads[r][0] < call]
         silent = [r for r in others if not receives[r].Test()]
-        return behind, silent
+        inside = {}
+        for r in others:
+            if r not in silent and heads[r][0] == call and heads[r][1]:
+                length, checksum = int(heads[r][2]), int(heads[r][3])
+                text = answers[r][_HEAD:_HEAD + min(length, REPLY_BYTES - _HEAD)].tobytes().decode(errors="replace")
+                inside[r] = (text if length <= REPLY_BYTES - _HEAD else text + "...", length, checksum)
+        return behind, silent, inside
 
 
 class Inspector:
@@ -177,11 +230,13 @@ class Inspector:
     # ``watch.calls += 1; INSPECTOR.current = (watch, timeout, algorithm, buf)`` (``timeout`` ``None``:
     # ``default_timeout``, read here), and that it ended
     # with ``INSPECTOR.current = None`` (in a ``finally``). ``allreduce`` does that inline: a
-    # counter and a tuple, because for small messages a method call is a measurable share of the
-    # call; a call it repeats (``collective.Repeat``) and a plan's call set a tuple made once,
-    # with ``buf`` None and the description for ``algorithm``, as other collectives do through
+    # counter and a tuple (with the op's name as a fifth item), because for small messages a
+    # method call is a measurable share of the call; a call it repeats (``collective.Repeat``)
+    # and a plan's call set a tuple made once, with ``buf`` None and the description
+    # (``allreduce_description``) for ``algorithm``, as other collectives do through
     # ``watching``. The watchdog tells one call from the next by the counter, and it, not the
-    # caller, reads the clock.
+    # caller, reads the clock and makes the description (``describe``). Every rank must describe
+    # one call alike: the watchdogs compare the descriptions when a call stalls.
 
     def _run(self) -> None:
         """The watchdog's loop; if it fails, the job ends (a job without its watchdog could hang)."""
@@ -209,7 +264,7 @@ class Inspector:
             if current is None:
                 self.slow_reported.clear()
                 continue
-            watch, timeout, algorithm, buf = current
+            watch, timeout = current[0], current[1]
             call = 0 if watch is None else watch.calls
             if current is not seen or call != seen_call:
                 seen, seen_call, seen_at = current, call, time.monotonic()
@@ -219,7 +274,7 @@ class Inspector:
                 timeout = default_timeout or 0.0
             waited = time.monotonic() - seen_at
             if timeout > 0 and waited > timeout * (1 + len(self.slow_reported)):
-                what = algorithm if buf is None else f"allreduce(algorithm={algorithm!r}, {buf.size} x {buf.dtype})"
+                what = describe(current)
                 if watch is None:
                     self._report_setup(waited, what)
                 self._report(watch, watch.calls, waited, what)
@@ -232,11 +287,24 @@ class Inspector:
                   f"before the communicator is set up. Aborting the job.")
 
     def _report(self, watch: Watch, call: int, waited: float, what: str) -> None:
-        """Abort, naming the ranks that have not arrived; if all have, the transfer is only slow."""
+        """Abort, naming the ranks that have not arrived, or the ranks in this call whose
+        description of it differs from this rank's; if all are in it, described alike, the
+        transfer is only slow."""
         with self.lock:
-            behind, silent = watch.missing_ranks(call)
+            behind, silent, inside = watch.missing_ranks(call)
+        me = watch.channel.Get_rank()
         head = (f"allreduce_kit: stall: {what} (call #{call} on this communicator) has waited "
-                f"{waited:.1f} s on rank {watch.channel.Get_rank()}; ")
+                f"{waited:.1f} s on rank {me}; ")
+        text = what.encode()
+        differ = any((length, checksum) != (len(text), zlib.crc32(text)) for _, length, checksum in inside.values())
+        if differ:
+            calls = {me: what, **{r: description for r, (description, _, _) in inside.items()}}
+            listed = "; ".join(f"rank {r}: {calls[r]}" for r in sorted(calls))
+            abort_job(head + f"the ranks are in different calls at this call's number, which can never complete "
+                             f"(another collective, or other arguments: {listed}). Every rank must make the same "
+                             f"collective calls in the same order with the same algorithm, length, dtype, op and "
+                             f"root. Aborting the job.")
+            return
         if not behind and not silent:
             sys.stderr.write(head + "every rank has reached it, so the transfer is slow, not stuck; still waiting.\n")
             self.slow_reported.append(call)

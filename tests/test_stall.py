@@ -166,3 +166,101 @@ def test_a_watchdog_that_fails_ends_the_job_instead_of_vanishing(mpirun, tmp_pat
     result = mpirun(2, [script], timeout=90, via_mpi4py=False)
     assert result.returncode != 0
     assert "the stall inspector failed (RuntimeError: watchdog broken on purpose)" in result.stderr
+
+
+DIFFERENT_CALLS = """
+import sys
+import numpy as np
+from mpi4py import MPI
+rank = MPI.COMM_WORLD.Get_rank()
+mode, first, others = sys.argv[1:4]
+mine = first if rank == 0 else others
+if mode == "algorithms":                     # one allreduce, another algorithm on rank 0
+    from allreduce_kit import allreduce
+    allreduce(np.ones(int(sys.argv[4]), np.float32), algorithm=mine)
+else:                                        # another collective of allreduce_kit.torch on rank 0
+    import torch
+    import allreduce_kit.torch as hvd
+    hvd.init()
+    calls = {"allgather": lambda: hvd.allgather(torch.ones(3)), "barrier": hvd.barrier,
+             "allreduce": lambda: hvd.allreduce(torch.ones(3))}
+    calls[mine]()
+print("finished on rank", rank, flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode, first, others, size", [
+    ("algorithms", "ring", "tree", 1000),
+    ("algorithms", "shared_memory", "recursive_doubling", 1000),
+    ("algorithms", "auto", "mpi", 1000),
+    ("algorithms", "ring", "mpi", 300000),
+    ("torch", "allgather", "barrier", 0),
+    ("torch", "allreduce", "barrier", 0),
+])
+def test_ranks_in_one_call_that_disagree_on_it_are_named_and_the_job_ends(mpirun, tmp_path, mode, first, others,
+                                                                          size):
+    """Every rank reached call #N, but rank 0's call is another algorithm or another collective:
+    it can never complete. Within the stall timeout the inspector says which rank is in which
+    call and ends the job, rather than calling it slow and waiting for ever."""
+    script = tmp_path / "different_calls.py"
+    script.write_text(DIFFERENT_CALLS)
+    started = time.time()
+    result = mpirun(3, [script, mode, first, others, size], timeout=90, via_mpi4py=False,
+                    env={"ALLREDUCE_KIT_STALL_TIMEOUT": "2"})
+    assert result.returncode != 0
+    assert "the ranks are in different calls at this call's number" in result.stderr, result.stderr[-3000:]
+    if mode == "algorithms":
+        assert f"rank 0: allreduce(algorithm={first!r}, {size} x float32); rank 1: allreduce(algorithm={others!r}, " \
+               f"{size} x float32)" in result.stderr, result.stderr[-3000:]
+    else:
+        described = {"allgather": "allgather: exchanging shapes", "barrier": "barrier",
+                     "allreduce": "allreduce(algorithm='auto', 3 x float32, op='mean')"}
+        assert f"rank 0: {described[first]}; rank 1: {described[others]}; rank 2: {described[others]})" \
+            in result.stderr, result.stderr[-3000:]
+    assert "slow, not stuck" not in result.stderr
+    assert "finished" not in result.stdout
+    assert time.time() - started < 60
+
+
+SLOW_BUT_ALIKE = """
+import time
+import numpy as np
+import torch
+from mpi4py import MPI
+import allreduce_kit.torch as hvd
+from allreduce_kit.algorithms import ALGORITHMS
+from allreduce_kit.torch import mpi_ops
+rank = MPI.COMM_WORLD.Get_rank()
+
+
+def late(work):                              # rank 1 is inside the call, but takes 3 s over it
+    def slowly(*args, **kwargs):
+        if rank == 1:
+            time.sleep(3)
+        return work(*args, **kwargs)
+    return slowly
+
+
+hvd.init()
+from allreduce_kit import allreduce
+ALGORITHMS["ring"] = late(ALGORITHMS["ring"])
+assert allreduce(np.ones(10), algorithm="ring")[0] == MPI.COMM_WORLD.Get_size()
+plain_bytes, mpi_ops.as_bytes = mpi_ops.as_bytes, late(mpi_ops.as_bytes)      # in the Allgatherv
+assert hvd.allgather(torch.ones(2)).shape == (2 * hvd.size(),)
+mpi_ops.as_bytes, mpi_ops.agree_cheaply = plain_bytes, late(mpi_ops.agree_cheaply)  # before the root can leave
+assert hvd.broadcast(torch.full((2,), float(rank)), 0).sum() == 0
+print("finished on rank", rank, flush=True)
+"""
+
+
+def test_ranks_in_one_call_that_agree_on_it_are_only_slow_and_are_waited_for(mpirun, tmp_path):
+    """The other side of the test above: every rank in the same call, described alike (an
+    ``allreduce`` and ``allreduce_kit.torch``'s allgather and broadcast), but one of them takes
+    three times the timeout inside it: said to be slow, waited for, and the job ends well."""
+    script = tmp_path / "slow_but_alike.py"
+    script.write_text(SLOW_BUT_ALIKE)
+    result = mpirun(2, [script], timeout=180, via_mpi4py=False, env={"ALLREDUCE_KIT_STALL_TIMEOUT": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("finished on rank") == 2
+    assert "slow, not stuck" in result.stderr
+    assert "different calls" not in result.stderr and "missing ranks" not in result.stderr

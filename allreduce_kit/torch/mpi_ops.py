@@ -13,6 +13,7 @@ uint8, int8 and int16 are reduced as int32 and cast back.
 """
 import atexit
 import math
+import zlib
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
@@ -305,6 +306,30 @@ def agree(caller: str, mine: Any) -> None:
             raise ValueError(f"{caller}: {field} differs between ranks ({_difference(values)})")
 
 
+def agree_cheaply(lib: LibraryComm, caller: str, mine: dict) -> None:
+    """Raise the same ``ValueError`` on every rank unless every rank's ``mine`` (a dict of a few
+    fields: ints, or anything with a ``repr``) is the same. For calls that cannot find a
+    difference on their own without ``check`` (``reduce_half``, ``broadcast``).
+
+    Collective, in the caller's watched call. One ``Allreduce`` (MAX) of two int64 per field on
+    ``lib``: each field as an int (a checksum of its ``repr`` where it is not one) and its
+    negation, whose maxima agree only where every rank's field does. Only when something
+    differs does a pickled ``allgather`` collect the values to name them.
+    """
+    codes = [v if type(v) is int else zlib.crc32(repr(v).encode()) for v in mine.values()]
+    signature = np.array(codes + [-c for c in codes], np.int64)
+    lib.Allreduce(MPI.IN_PLACE, signature, op=MPI.MAX)
+    if np.array_equal(signature[:len(codes)], -signature[len(codes):]):
+        return
+    entries = lib.allgather(mine)
+    found = []
+    for field in mine:
+        values = [e[field] for e in entries]
+        if any(v != values[0] for v in values):
+            found.append(f"{field} differs between ranks ({_difference(values)})")
+    raise ValueError(f"{caller}: {'; '.join(found) or 'the ranks passed different calls'}")
+
+
 def begin(caller: str, check: Optional[bool], validate: Callable[[], Any], describe: Callable[[Any], dict]) -> Any:
     """Validate a call (``validate()``, which raises ``TypeError``/``ValueError``), wait for the
     worker, and with ``check`` compare ``describe(validated)`` across ranks; return ``validate()``'s
@@ -325,23 +350,35 @@ def begin(caller: str, check: Optional[bool], validate: Callable[[], Any], descr
 
 # -- reductions ---------------------------------------------------------------------------------
 
-def reduce_half(lib: LibraryComm, tensor: torch.Tensor, op: str, what: str) -> None:
+def reduce_half(lib: LibraryComm, tensor: torch.Tensor, op: str, what: str, agreed: bool = False) -> None:
     """Reduce a contiguous float16 or bfloat16 tensor in place over ``lib``'s ranks.
 
     A reduce-scatter then an allgather, both of 2-byte words: rank r receives every rank's
     r-th segment (``Alltoallv``), reduces it in float32 in rank order and rounds it once to the
     tensor's dtype, then every rank receives every reduced segment (``Allgatherv``). Each
     segment is reduced by one rank only, so every rank ends with bitwise the same result.
+
+    The segments are counted from the length, so the ranks first agree on length, dtype and op
+    (``agree_cheaply``: one ``Allreduce`` of six int64): where they differ, every rank raises
+    the same ``ValueError``, as the other dtypes' reductions do, and ``tensor`` is untouched.
+    ``agreed``: the caller knows every rank passes the same length, dtype and op (a
+    ``DistributedOptimizer``'s bucket, whose parameters were compared when it was made), and
+    the step is left out.
     """
     p, n = lib.nranks, tensor.numel()
-    if p == 1 or n == 0:
+    if p == 1:
         return
-    words = tensor.view(-1).view(torch.int16).numpy()
-    counts = np.array([n // p + (r < n % p) for r in range(p)], dtype=np.int64)
-    displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    mine = int(counts[lib.myrank])
-    parts = np.empty(p * mine, np.int16)
-    with INSPECTOR.watching(lib.watch, f"{what} ({n} x {str(tensor.dtype).replace('torch.', '')})"):
+    dtype = str(tensor.dtype).replace("torch.", "")
+    with INSPECTOR.watching(lib.watch, f"{what} ({n} x {dtype})"):
+        if not agreed:
+            agree_cheaply(lib, what, {"buf length": n, "buf dtype": dtype, "op": op})
+        if n == 0:
+            return
+        words = tensor.view(-1).view(torch.int16).numpy()
+        counts = np.array([n // p + (r < n % p) for r in range(p)], dtype=np.int64)
+        displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        mine = int(counts[lib.myrank])
+        parts = np.empty(p * mine, np.int16)
         lib.Alltoallv([words, (counts, displs)], [parts, ([mine] * p, [mine * r for r in range(p)])])
         rows = torch.from_numpy(parts).view(tensor.dtype).view(p, mine).float()
         if op in (Sum, Average):
@@ -357,16 +394,17 @@ def reduce_half(lib: LibraryComm, tensor: torch.Tensor, op: str, what: str) -> N
         lib.Allgatherv(segment.to(tensor.dtype).view(torch.int16).numpy(), [words, (counts, displs)])
 
 
-def reduce_(tensor: torch.Tensor, op: str, what: str = "allreduce") -> None:
+def reduce_(tensor: torch.Tensor, op: str, what: str = "allreduce", agreed: bool = False) -> None:
     """Reduce a contiguous CPU tensor of a dtype in ``tensors.REDUCIBLE`` in place (no checks;
-    the caller runs on the worker, or on the main thread after ``drain``)."""
+    the caller runs on the worker, or on the main thread after ``drain``). ``agreed``: see
+    ``reduce_half``."""
     s = _state if _state is not None else state()
     if s.size == 1:
         return
     if tensor.dtype in tensors.NATIVE:
         allreduce_array(as_numpy(tensor), op=op, comm=s.dup, check=False)
     elif tensor.dtype in tensors.HALF:
-        reduce_half(s.lib, tensor, op, what)
+        reduce_half(s.lib, tensor, op, what, agreed)
     else:
         wide = tensor.to(torch.int32)
         allreduce_array(wide.numpy(), op=op, comm=s.dup, check=False)
@@ -551,7 +589,10 @@ def allgather(tensor: torch.Tensor, name: Optional[str] = None, *, check: Option
 
 # -- broadcast ------------------------------------------------------------------------------------
 
-def _broadcast_checked(caller: str, tensor, root_rank, name, check) -> int:
+def _broadcast_checked(caller: str, tensor, root_rank, name, check) -> Tuple[int, bool]:
+    """The root, validated (compared across ranks with ``check``), and whether it was checked."""
+    checked = checking(check, caller)
+
     def validate() -> int:
         check_tensor(tensor, caller)
         if name is not None and not isinstance(name, str):
@@ -562,24 +603,31 @@ def _broadcast_checked(caller: str, tensor, root_rank, name, check) -> int:
         shape, dtype = tensors.signature(tensor)
         return {"shape": shape, "dtype": dtype, "root_rank": r}
 
-    return begin(caller, check, validate, describe)
+    return begin(caller, checked, validate, describe), checked
 
 
-def _broadcast_into(tensor: torch.Tensor, r: int, caller: str, name: Optional[str]) -> None:
+def _broadcast_into(tensor: torch.Tensor, r: int, caller: str, name: Optional[str], checked: bool) -> None:
+    """Broadcast ``tensor`` from rank ``r`` in place. Unless the call was ``checked``, the ranks
+    first agree on shape, dtype and root (``agree_cheaply``): a ``Bcast`` whose sizes or roots
+    differ between ranks would fail on some ranks only, or block every one."""
     lib = state().lib
-    if lib.nranks > 1 and tensor.numel():
+    if lib.nranks > 1:
         with INSPECTOR.watching(lib.watch, f"{_what(caller, name)}(root_rank={r}, {tensor.numel()} x {tensor.dtype})"):
-            lib.Bcast(as_bytes(tensor), root=r)
+            if not checked:
+                shape, dtype = tensors.signature(tensor)
+                agree_cheaply(lib, caller, {"shape": shape, "dtype": dtype, "root_rank": r})
+            if tensor.numel():
+                lib.Bcast(as_bytes(tensor), root=r)
 
 
 class _BroadcastFunction(torch.autograd.Function):
     """``broadcast`` with a gradient: the summed gradient of the outputs, on the root only."""
 
     @staticmethod
-    def forward(ctx, tensor, r, name):
+    def forward(ctx, tensor, r, name, checked):
         ctx.root = r
         out = tensors.empty(tensor.shape, tensor.dtype).copy_(tensor.detach())
-        _broadcast_into(out, r, "broadcast", name)
+        _broadcast_into(out, r, "broadcast", name, checked)
         return out
 
     @staticmethod
@@ -587,7 +635,7 @@ class _BroadcastFunction(torch.autograd.Function):
         summed = _reduced_copy(grad.contiguous(), _Reduce(Sum, Compression.none, 1.0, 1.0, None), "broadcast (gradient)")
         if state().rank != ctx.root:
             summed.zero_()
-        return summed, None, None
+        return summed, None, None, None
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None, *,
@@ -597,19 +645,19 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None, 
     Collective: every rank passes a contiguous CPU tensor of the same shape and dtype (any);
     ``check=True`` compares them across ranks first. Differentiable.
     """
-    r = _broadcast_checked("broadcast", tensor, root_rank, name, check)
+    r, checked = _broadcast_checked("broadcast", tensor, root_rank, name, check)
     if tensor.requires_grad and torch.is_grad_enabled():
-        return _BroadcastFunction.apply(tensor, r, name)
+        return _BroadcastFunction.apply(tensor, r, name, checked)
     out = tensors.empty(tensor.shape, tensor.dtype).copy_(tensor.detach())
-    _broadcast_into(out, r, "broadcast", name)
+    _broadcast_into(out, r, "broadcast", name, checked)
     return out
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None, *,
                check: Optional[bool] = None) -> torch.Tensor:
     """Overwrite ``tensor`` in place with ``root_rank``'s and return it (``broadcast``'s contract)."""
-    r = _broadcast_checked("broadcast_", tensor, root_rank, name, check)
-    _broadcast_into(tensor.detach(), r, "broadcast_", name)
+    r, checked = _broadcast_checked("broadcast_", tensor, root_rank, name, check)
+    _broadcast_into(tensor.detach(), r, "broadcast_", name, checked)
     return tensor
 
 
@@ -621,6 +669,8 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -
     s = state()
     s.drain()
     with INSPECTOR.watching(s.lib.watch, f"{_what('broadcast_object', name)}(root_rank={r})"):
+        if s.size > 1:  # a root that differs between ranks would block every rank
+            agree_cheaply(s.lib, "broadcast_object", {"root_rank": r})
         return s.lib.bcast(obj, root=r)
 
 

@@ -271,11 +271,11 @@ class _DistributedOptimizer:
         op = mpi_ops.Sum if scaled else self._op
         if compressed is flat and bucket.shared is not None:
             bucket.shared.reduce(k, op, "DistributedOptimizer")
-        elif compressed is flat:
-            mpi_ops.reduce_(flat, op, "DistributedOptimizer")
+        elif compressed is flat:  # the same length and dtype on every rank: the parameters were compared
+            mpi_ops.reduce_(flat, op, "DistributedOptimizer", agreed=True)
         else:
             compressed = compressed.contiguous()
-            mpi_ops.reduce_(compressed, op, "DistributedOptimizer")
+            mpi_ops.reduce_(compressed, op, "DistributedOptimizer", agreed=compressed.shape == flat.shape)
             flat.copy_(self._compression.decompress(compressed, ctx))
         if scaled:
             flat.mul_(self._predivide / self._size)

@@ -596,6 +596,46 @@ def test_check_catches_shapes_that_differ_between_ranks():
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int8, torch.float16, torch.bfloat16])
+def test_a_length_that_differs_between_ranks_raises_on_every_rank_without_check(dtype):
+    """Every dtype's reduction finds the difference itself, the 2-byte floats too (their
+    segments are counted from the length, so they agree on it first): the same error everywhere."""
+    with pytest.raises(ValueError, match=r"allreduce: buf length differs between ranks \(rank 0: 4, rank 1: 5"):
+        hvd.allreduce(torch.ones(4 + RANK, dtype=dtype), check=False)
+    assert_quiet()
+    assert torch.equal(hvd.allreduce(torch.ones(4, dtype=dtype), op=hvd.Sum), torch.full((4,), P, dtype=dtype))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("case, words", [
+    ("length", r"broadcast: shape differs between ranks \(rank 0: \(4,\), rank 1: \(5,\)"),
+    ("dtype", r"broadcast: dtype differs between ranks \(rank 0: 'float32', rank 1: 'float64'"),
+    ("shape", r"broadcast: shape differs between ranks \(rank 0: \(2, 3\), rank 1: \(3, 2\)"),
+    ("root", r"broadcast: root_rank differs between ranks \(rank 0: 0, rank 1: 1"),
+    ("in-place-root", r"broadcast_: root_rank differs between ranks \(rank 0: 0, rank 1: 1"),
+    ("object-root", r"broadcast_object: root_rank differs between ranks \(rank 0: 0, rank 1: 1"),
+])
+def test_a_broadcast_that_differs_between_ranks_raises_on_every_rank_without_check(case, words):
+    """Horovod's test_horovod_broadcast_rank_error (each rank its own root) and tensors that
+    differ: the same ``ValueError`` on every rank instead of an MPI error on some or a hang."""
+    with pytest.raises(ValueError, match=words):
+        if case == "length":
+            hvd.broadcast(torch.ones(4 + RANK), 0, check=False)
+        elif case == "dtype":
+            hvd.broadcast(torch.ones(4, dtype=torch.float32 if RANK == 0 else torch.float64), 0)
+        elif case == "shape":
+            hvd.broadcast(torch.ones((2, 3) if RANK == 0 else (3, 2)), 0)
+        elif case == "root":
+            hvd.broadcast(torch.ones(4), RANK)
+        elif case == "in-place-root":
+            hvd.broadcast_(torch.ones(4), RANK)
+        else:
+            hvd.broadcast_object("x", RANK)
+    assert_quiet()
+    assert torch.equal(hvd.broadcast(torch.full((4,), float(RANK)), 1), torch.ones(4))
+
+
+@pytest.mark.mpi(min_size=2)
 def test_check_catches_a_bad_tensor_on_one_rank_only():
     x = torch.ones(4) if RANK != 1 else torch.ones(4, 2).t()
     expected = "allreduce: tensor is not contiguous" if RANK == 1 else "allreduce: rank 1 failed: allreduce: tensor is not"
