@@ -32,6 +32,7 @@ from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, ccl_built, cross_
                       ddl_built, gloo_built, gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
                       mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from .sparse import sparse_allreduce_async
 from .optimizer import BUCKET_MB, DistributedOptimizer
 from .timing import Timing
 
@@ -45,7 +46,7 @@ __all__ = [
     "grouped_allreduce", "grouped_allreduce_", "grouped_allgather", "grouped_reducescatter",
     "allreduce_async", "allreduce_async_", "allgather_async", "broadcast_async", "broadcast_async_",
     "reducescatter_async", "alltoall_async", "grouped_allreduce_async", "grouped_allreduce_async_",
-    "grouped_allgather_async", "grouped_reducescatter_async", "poll", "synchronize",
+    "grouped_allgather_async", "grouped_reducescatter_async", "poll", "synchronize", "sparse_allreduce_async",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "CollectiveError", "HorovodInternalError",
     "Compression", "Compressor", "DistributedOptimizer", "BUCKET_MB", "Timing",

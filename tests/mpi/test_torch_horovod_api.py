@@ -210,3 +210,14 @@ def test_distributed_optimizer_takes_horovods_arguments_and_warns_on_step_after_
         opt.step()
     assert not caught
     mpi_ops.state().drain()
+
+
+@pytest.mark.mpi
+def test_sparse_allreduce_async_is_the_allreduce_of_the_dense_forms():
+    dense = torch.zeros(4, 3)
+    dense[RANK % 4, RANK % 3] = RANK + 1.0
+    handle = hvd.sparse_allreduce_async(dense.to_sparse(), name="s", op=hvd.Sum)
+    expected = torch.zeros(4, 3)
+    for r in range(P):
+        expected[r % 4, r % 3] += r + 1.0
+    assert torch.equal(handle().to_dense(), expected)
