@@ -21,7 +21,7 @@ from . import mpi_ops
 from .alltoall import alltoall_here
 from .compression import Compression
 from .errors import CollectiveError
-from .process_sets import global_process_set, running_on
+from .process_sets import global_process_set, running_on, with_set_gradient
 from .reducescatter import reducescatter_here
 
 T = TypeVar("T")
@@ -46,8 +46,8 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
               process_set=global_process_set, *, check: Optional[bool] = None) -> torch.Tensor:
     """``mpi_ops.allreduce`` over the ranks of ``process_set``."""
     with running_on(process_set, "allreduce"):
-        return mpi_ops.allreduce(tensor, average, name, compression, op, prescale_factor, postscale_factor,
-                                 check=check)
+        return with_set_gradient(lambda t: mpi_ops.allreduce(t, average, name, compression, op, prescale_factor,
+                                                             postscale_factor, check=check), tensor)
 
 
 @as_collective_error
@@ -64,7 +64,7 @@ def allgather(tensor: torch.Tensor, name: Optional[str] = None, process_set=glob
               check: Optional[bool] = None) -> torch.Tensor:
     """``mpi_ops.allgather`` over the ranks of ``process_set`` (in the set's rank order)."""
     with running_on(process_set, "allgather"):
-        return mpi_ops.allgather(tensor, name, check=check)
+        return with_set_gradient(lambda t: mpi_ops.allgather(t, name, check=check), tensor)
 
 
 @as_collective_error
@@ -72,7 +72,8 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None, 
               check: Optional[bool] = None) -> torch.Tensor:
     """``mpi_ops.broadcast`` over the ranks of ``process_set``; ``root_rank`` is a global rank in the set."""
     with running_on(process_set, "broadcast"):
-        return mpi_ops.broadcast(tensor, _set_root(root_rank, process_set, "broadcast"), name, check=check)
+        r = _set_root(root_rank, process_set, "broadcast")
+        return with_set_gradient(lambda t: mpi_ops.broadcast(t, r, name, check=check), tensor)
 
 
 @as_collective_error

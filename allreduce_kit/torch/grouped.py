@@ -9,7 +9,7 @@ import torch
 from . import mpi_ops
 from .calls import as_collective_error
 from .compression import Compression
-from .process_sets import global_process_set, running_on
+from .process_sets import global_process_set, running_on, with_set_gradient
 from .reducescatter import reducescatter_here
 
 
@@ -29,13 +29,14 @@ def allreduce_each(tensors, average, name, compression, op, prescale_factor, pos
     if in_place:
         return [mpi_ops.allreduce_(t, average, n, op, prescale_factor, postscale_factor)
                 for t, n in zip(listed, _names(name, len(listed)))]
-    return [mpi_ops.allreduce(t, average, n, compression, op, prescale_factor, postscale_factor)
+    return [with_set_gradient(lambda x, n=n: mpi_ops.allreduce(x, average, n, compression, op, prescale_factor,
+                                                               postscale_factor), t)
             for t, n in zip(listed, _names(name, len(listed)))]
 
 
 def allgather_each(tensors, name) -> List[torch.Tensor]:
     listed = _listed(tensors, "grouped_allgather")
-    return [mpi_ops.allgather(t, n) for t, n in zip(listed, _names(name, len(listed)))]
+    return [with_set_gradient(lambda x, n=n: mpi_ops.allgather(x, n), t) for t, n in zip(listed, _names(name, len(listed)))]
 
 
 def reducescatter_each(tensors, name, compression, op, prescale_factor, postscale_factor) -> List[torch.Tensor]:

@@ -12,7 +12,9 @@ added again after the next ``init()``.
 """
 import contextlib
 import itertools
-from typing import Iterator, List, Optional, Sequence, Union
+from typing import Callable, Iterator, List, Optional, Sequence, Union
+
+import torch
 
 from mpi4py import MPI
 
@@ -187,3 +189,37 @@ def running_on(process_set, caller: str) -> Iterator[None]:
     finally:
         mpi_ops._on_set.state = previous
 
+
+
+class _OnSet(torch.autograd.Function):
+    """A differentiable call made on a process set, whose backward runs on the same set: the call
+    runs on a detached leaf inside forward, and backward differentiates that call with the set's
+    state in place (as ``running_on`` does), whatever thread runs backward."""
+
+    @staticmethod
+    def forward(ctx, set_state, run, tensor):
+        leaf = tensor.detach().requires_grad_()
+        with torch.enable_grad():
+            out = run(leaf)
+        ctx.set_state, ctx.leaf, ctx.out = set_state, leaf, out
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, grad):
+        previous = getattr(mpi_ops._on_set, "state", None)
+        mpi_ops._on_set.state = ctx.set_state
+        try:
+            (grad_in,) = torch.autograd.grad(ctx.out, ctx.leaf, grad)
+        finally:
+            mpi_ops._on_set.state = previous
+        return None, None, grad_in
+
+
+def with_set_gradient(run: Callable[[torch.Tensor], torch.Tensor], tensor: torch.Tensor) -> torch.Tensor:
+    """``run(tensor)``, inside ``running_on``; where it is differentiated, on a process set, the
+    gradient is computed on the same set."""
+    set_state = getattr(mpi_ops._on_set, "state", None)
+    if set_state is None or not isinstance(tensor, torch.Tensor) or not (tensor.requires_grad
+                                                                          and torch.is_grad_enabled()):
+        return run(tensor)
+    return _OnSet.apply(set_state, run, tensor)

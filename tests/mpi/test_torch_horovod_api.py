@@ -221,3 +221,20 @@ def test_sparse_allreduce_async_is_the_allreduce_of_the_dense_forms():
     for r in range(P):
         expected[r % 4, r % 3] += r + 1.0
     assert torch.equal(handle().to_dense(), expected)
+
+
+@pytest.mark.mpi
+def test_a_gradient_through_a_call_on_a_process_set_is_reduced_on_the_same_set():
+    members = [r for r in range(P) if r % 2 == RANK % 2]
+    sets = [hvd.add_process_set([r for r in range(P) if r % 2 == parity]) for parity in (0, 1) if parity < P]
+    try:
+        mine = sets[RANK % 2]
+        x = torch.ones(3, requires_grad=True)
+        hvd.allreduce(x, op=hvd.Sum, process_set=mine).sum().backward()
+        assert torch.equal(x.grad, torch.full((3,), float(len(members))))
+        y = torch.ones(2, 2, requires_grad=True)
+        hvd.grouped_allreduce([y], op=hvd.Sum, process_set=mine)[0].sum().backward()
+        assert torch.equal(y.grad, torch.full((2, 2), float(len(members))))
+    finally:
+        for s in sets:
+            hvd.remove_process_set(s)
