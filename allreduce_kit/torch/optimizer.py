@@ -172,6 +172,8 @@ class _DistributedOptimizer:
         if bucket_mb is None:
             bucket_mb = BUCKET_MB if background else 0.0
         self._size = s.size
+        #: parameter -> its name, as Horovod's optimizer keeps it
+        self._parameter_names: Dict[torch.Tensor, str] = {p: name for name, p in named}
         self._compression = compression
         self._backward_passes = backward_passes_per_step
         self._op = op

@@ -238,3 +238,13 @@ def test_a_gradient_through_a_call_on_a_process_set_is_reduced_on_the_same_set()
     finally:
         for s in sets:
             hvd.remove_process_set(s)
+
+
+@pytest.mark.mpi
+def test_distributed_optimizer_names_its_parameters_as_horovods_does():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([{"params": model[0].parameters()},
+                                                    {"params": model[1].parameters()}], lr=0.1))
+    names = opt._parameter_names
+    assert set(names) == set(model.parameters()) and len(set(names.values())) == 4
+    assert hvd.allgather_object(sorted(names.values())) == [sorted(names.values())] * P
