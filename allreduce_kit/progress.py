@@ -50,7 +50,10 @@ class Worker:
             self._ready.notify_all()
 
     def drain(self) -> None:
-        """Wait until every job submitted so far has finished; re-raise the first that failed."""
+        """Wait until every job submitted so far has finished; re-raise the first that failed.
+        On the worker's own thread (a job that runs a collective) there is nothing to wait for."""
+        if threading.current_thread() is self._thread:
+            return
         with self._ready:
             while self._pending:
                 self._ready.wait()

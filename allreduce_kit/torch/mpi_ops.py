@@ -13,6 +13,7 @@ uint8, int8 and int16 are reduced as int32 and cast back.
 """
 import atexit
 import math
+import threading
 import zlib
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -28,6 +29,7 @@ from ..stall import INSPECTOR
 from ..topology import Topology, user_threads
 from . import tensors
 from .compression import Compression, check_compression
+from .scaling import scale_
 from .tensors import as_bytes, as_numpy, check_tensor
 from .worker import Worker, available
 
@@ -77,8 +79,16 @@ _state: Optional[_State] = None
 _exit_registered = False
 
 
+#: A process set's state in place of the global one, on the thread that runs a call on the set
+#: (``process_sets.running_on``).
+_on_set = threading.local()
+
+
 def state() -> _State:
-    """The state ``init`` made; ``ValueError`` before ``init``."""
+    """The state ``init`` made (or, inside a call on a process set, the set's); ``ValueError`` before ``init``."""
+    override = getattr(_on_set, "state", None)
+    if override is not None:
+        return override
     if _state is None:
         raise ValueError("allreduce_kit.torch has not been initialized; call init() first "
                          "(hvd.init() after import allreduce_kit.torch as hvd)")
@@ -212,6 +222,14 @@ def cuda_built() -> bool:
 
 
 def rocm_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def ddl_built() -> bool:
     return False
 
 
@@ -398,7 +416,7 @@ def reduce_(tensor: torch.Tensor, op: str, what: str = "allreduce", agreed: bool
     """Reduce a contiguous CPU tensor of a dtype in ``tensors.REDUCIBLE`` in place (no checks;
     the caller runs on the worker, or on the main thread after ``drain``). ``agreed``: see
     ``reduce_half``."""
-    s = _state if _state is not None else state()
+    s = state()
     if s.size == 1:
         return
     if tensor.dtype in tensors.NATIVE:
@@ -427,9 +445,6 @@ def _reduce_call(caller: str, tensor, average, op, compression, prescale_factor,
     call = _Reduce(reduce_op(op, average, caller), check_compression(compression, caller),
                    factor(prescale_factor, caller, "prescale_factor"), factor(postscale_factor, caller, "postscale_factor"),
                    name)
-    if (call.prescale != 1.0 or call.postscale != 1.0) and not tensor.dtype.is_floating_point:
-        raise ValueError(f"{caller}: prescale_factor and postscale_factor apply to floating-point tensors only, "
-                         f"got {str(tensor.dtype).replace('torch.', '')}")
     if name is not None and not isinstance(name, str):
         raise TypeError(f"{caller}: name must be a str, got {type(name).__name__}")
     return call
@@ -450,12 +465,10 @@ def _reduced_copy(tensor: torch.Tensor, call: _Reduce, caller: str) -> torch.Ten
     compressed, ctx = call.compression.compress(tensor.detach())
     check_tensor(compressed, caller, "the compressed tensor", dtypes=tensors.REDUCIBLE, contiguous=False)
     out = tensors.empty(compressed.shape, compressed.dtype).copy_(compressed)
-    if call.prescale != 1.0:
-        out.mul_(call.prescale)
+    scale_(out, call.prescale)
     state().drain()
     reduce_(out, call.op, _what(caller, call.name))
-    if call.postscale != 1.0:
-        out.mul_(call.postscale)
+    scale_(out, call.postscale)
     return call.compression.decompress(out, ctx)
 
 
@@ -484,7 +497,8 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
     float64, int32, int64, float16, bfloat16, uint8, int8, int16) and the same ``op``
     (``Average`` by default, ``Sum``, ``Min``, ``Max``, ``Product``). Every rank gets bitwise
     the same result. ``prescale_factor`` multiplies each rank's tensor before the reduction,
-    ``postscale_factor`` the result. Differentiable for Sum and Average. ``check=True`` (or
+    ``postscale_factor`` the result (an integer tensor is scaled in float64 and cast back, as Horovod
+    does: ``scaling.py``). Differentiable for Sum and Average. ``check=True`` (or
     ``ALLREDUCE_KIT_CHECK=1``) compares shape, dtype and op across ranks first, so that a
     difference raises ``ValueError`` on every rank.
     """
@@ -507,11 +521,9 @@ def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optio
                                       postscale_factor, name),
                  lambda c: _describe("allreduce_", tensor, c))
     data = tensor.detach()
-    if call.prescale != 1.0:
-        data.mul_(call.prescale)
+    scale_(data, call.prescale)
     reduce_(data, call.op, _what("allreduce_", name))
-    if call.postscale != 1.0:
-        data.mul_(call.postscale)
+    scale_(data, call.postscale)
     return tensor
 
 

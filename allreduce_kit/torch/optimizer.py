@@ -24,6 +24,7 @@ import functools
 import math
 import sys
 import time
+import warnings
 import weakref
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional, Sequence, TextIO, Tuple
@@ -171,6 +172,8 @@ class _DistributedOptimizer:
         if bucket_mb is None:
             bucket_mb = BUCKET_MB if background else 0.0
         self._size = s.size
+        #: parameter -> its name, as Horovod's optimizer keeps it
+        self._parameter_names: Dict[torch.Tensor, str] = {p: name for name, p in named}
         self._compression = compression
         self._backward_passes = backward_passes_per_step
         self._op = op
@@ -325,9 +328,15 @@ class _DistributedOptimizer:
             self._should_synchronize = True
 
     def step(self, closure=None):
-        """Average the gradients (``synchronize``, unless already done), then update."""
+        """Average the gradients (``synchronize``, unless already done), then update. After an
+        explicit ``synchronize()``, call it inside ``skip_synchronize()``: without, it warns (as
+        Horovod's does) and updates with the gradients already averaged."""
         if self._should_synchronize and not self._synchronized:
             self.synchronize()
+        elif self._should_synchronize and self._size > 1:
+            warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
+                          "optimizer.synchronize(); call step() inside `with optimizer.skip_synchronize():` "
+                          "after synchronizing explicitly", stacklevel=2)
         if self._sync_start is None:
             self._sync_start = time.perf_counter()
         begun = time.perf_counter()
@@ -414,8 +423,9 @@ def _named(optimizer: torch.optim.Optimizer, named_parameters: Any) -> List[Tupl
                              f"of the model the optimizer trains")
         ids = {id(p) for p in in_optimizer}
         named = [(name, p) for name, p in named if id(p) in ids]
-    for name, p in named:
-        tensors.check_tensor(p, caller, f"parameter {name!r}", dtypes=tensors.GRADIENT, contiguous=False)
+    for name, p in named:  # a parameter without a gradient (an integer one, say) is not reduced: any dtype
+        tensors.check_tensor(p, caller, f"parameter {name!r}", dtypes=tensors.GRADIENT if p.requires_grad else None,
+                             contiguous=False)
     return [(name, p) for name, p in named if p.requires_grad]
 
 
@@ -446,8 +456,27 @@ def _checked_arguments(compression, backward_passes_per_step, op, gradient_predi
     return compression, backward_passes_per_step, name, predivide, bucket_mb, overlap
 
 
+def _check_horovod_grouping(num_groups: Any, groups: Any, sparse_as_dense: Any, caller: str) -> None:
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int):
+        raise TypeError(f"{caller}: num_groups must be an int, got {type(num_groups).__name__}")
+    if num_groups < 0:
+        raise ValueError(f"{caller}: num_groups must be >= 0, got {num_groups}")
+    if groups is not None:
+        if isinstance(groups, bool) or not isinstance(groups, (int, list, tuple)):
+            raise TypeError(f"{caller}: groups must be None, an int or a list of lists of parameters, "
+                            f"got {type(groups).__name__}")
+        if isinstance(groups, int) and groups < 0:
+            raise ValueError(f"{caller}: groups must be >= 0, got {groups}")
+        if isinstance(groups, (list, tuple)) and any(
+                not isinstance(g, (list, tuple)) or not all(isinstance(p, torch.Tensor) for p in g) for g in groups):
+            raise TypeError(f"{caller}: groups must be a list of lists of parameters")
+    if not isinstance(sparse_as_dense, bool):
+        raise TypeError(f"{caller}: sparse_as_dense must be True or False, got {type(sparse_as_dense).__name__}")
+
+
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step: int = 1, op=mpi_ops.Average, gradient_predivide_factor: float = 1.0,
+                         num_groups: int = 0, groups: Any = None, sparse_as_dense: bool = False,
                          *, bucket_mb: Optional[float] = None, overlap: Optional[bool] = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` applies the gradients averaged over all ranks.
 
@@ -462,8 +491,14 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     Every rank must wrap the same model (names, shapes and dtypes of the parameters, and these
     arguments, are compared across ranks: a difference raises ``ValueError`` on every rank).
     Also: ``synchronize()``, ``skip_synchronize()``, ``report()``.
+
+    ``num_groups`` and ``groups`` (Horovod's grouping of gradients into fused reductions) and
+    ``sparse_as_dense`` are taken for Horovod's signature and checked, and change nothing: the
+    gradients are reduced dense, in the buckets ``bucket_mb`` makes (sparse gradients are not
+    supported).
     """
     caller = "DistributedOptimizer"
+    _check_horovod_grouping(num_groups, groups, sparse_as_dense, caller)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"{caller}: optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     if isinstance(optimizer, _DistributedOptimizer):
