@@ -520,8 +520,15 @@ def _gathered(tensor: torch.Tensor, caller: str, name: Optional[str], check: boo
     return out, rows
 
 
+#: The reduction of an output's gradient in ``allgather``'s and ``broadcast``'s backward: the
+#: average over ranks, as Horovod's (whose tests expect, for the same gradient of the output on
+#: every rank, that gradient back, not ``size`` times it).
+_GRADIENT = _Reduce(Average, Compression.none, 1.0, 1.0, None)
+
+
 class _AllgatherFunction(torch.autograd.Function):
-    """``allgather`` with a gradient: this rank's rows of the summed gradient of the output."""
+    """``allgather`` with a gradient: this rank's rows of the output's gradient averaged over
+    the ranks (Horovod's)."""
 
     @staticmethod
     def forward(ctx, tensor, name, check):
@@ -532,8 +539,8 @@ class _AllgatherFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        summed = _reduced_copy(grad.contiguous(), _Reduce(Sum, Compression.none, 1.0, 1.0, None), "allgather (gradient)")
-        return summed.narrow(0, ctx.start, ctx.rows), None, None
+        averaged = _reduced_copy(grad.contiguous(), _GRADIENT, "allgather (gradient)")
+        return averaged.narrow(0, ctx.start, ctx.rows), None, None
 
 
 def allgather(tensor: torch.Tensor, name: Optional[str] = None, *, check: Optional[bool] = None) -> torch.Tensor:
@@ -541,7 +548,8 @@ def allgather(tensor: torch.Tensor, name: Optional[str] = None, *, check: Option
 
     Collective: the tensors may differ in their first dimension only; the other dimensions and
     the dtype (any) must be the same on every rank. Shapes are exchanged first, so a difference
-    raises ``ValueError`` on every rank. Differentiable.
+    raises ``ValueError`` on every rank. Differentiable, as Horovod's: a rank's gradient is its
+    rows of the output's gradient averaged over the ranks (collective in backward too).
     """
     checked = checking(check, "allgather")
     if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
@@ -573,7 +581,8 @@ def _broadcast_into(tensor: torch.Tensor, r: int, caller: str, name: Optional[st
 
 
 class _BroadcastFunction(torch.autograd.Function):
-    """``broadcast`` with a gradient: the summed gradient of the outputs, on the root only."""
+    """``broadcast`` with a gradient: the outputs' gradient averaged over the ranks, on the root;
+    zero elsewhere (Horovod's)."""
 
     @staticmethod
     def forward(ctx, tensor, r, name):
@@ -584,10 +593,10 @@ class _BroadcastFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        summed = _reduced_copy(grad.contiguous(), _Reduce(Sum, Compression.none, 1.0, 1.0, None), "broadcast (gradient)")
+        averaged = _reduced_copy(grad.contiguous(), _GRADIENT, "broadcast (gradient)")
         if state().rank != ctx.root:
-            summed.zero_()
-        return summed, None, None
+            averaged.zero_()
+        return averaged, None, None
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None, *,
@@ -595,7 +604,9 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None, 
     """A new tensor holding ``root_rank``'s ``tensor``, on every rank; ``tensor`` is not modified.
 
     Collective: every rank passes a contiguous CPU tensor of the same shape and dtype (any);
-    ``check=True`` compares them across ranks first. Differentiable.
+    ``check=True`` compares them across ranks first. Differentiable, as Horovod's: the root's
+    gradient is the output's gradient averaged over the ranks, every other rank's is zero
+    (collective in backward too).
     """
     r = _broadcast_checked("broadcast", tensor, root_rank, name, check)
     if tensor.requires_grad and torch.is_grad_enabled():
