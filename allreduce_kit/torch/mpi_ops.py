@@ -27,13 +27,10 @@ from ..stall import INSPECTOR
 from ..topology import Topology, user_threads
 from . import tensors
 from .compression import Compression, check_compression
+from .ops import Adasum, Average, Max, Min, Product, Sum
 from .tensors import as_bytes, as_numpy, check_tensor
 from .worker import Worker, available
 
-#: The reduction operations, as Horovod names them (their values are the library's op names).
-Average, Sum, Min, Max, Product = "mean", "sum", "min", "max", "prod"
-#: Horovod's Adasum; not implemented here: passing it raises ``ValueError``.
-Adasum = "adasum"
 _HOROVOD_NAMES = {"average": "mean", "product": "prod"}
 
 
