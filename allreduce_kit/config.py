@@ -96,9 +96,10 @@ DIRECT = Setting("ALLREDUCE_KIT_DIRECT", boolean, True,
                  "on one node, let ring, rabenseifner and two_shot read and write peers' buffers "
                  "directly (process_vm_readv/writev); 0 keeps them to messages")
 YIELD = Setting("ALLREDUCE_KIT_YIELD", boolean, True,
-                "the CLIs and python -m allreduce_kit.run set MPIR_CVAR_ENABLE_HEAVY_YIELD=1 (MPICH, when the "
-                "job runs on that node alone) or OMPI_MCA_mpi_yield_when_idle=1 (Open MPI) before MPI starts "
-                "when a node has more ranks than cores; 0 leaves them alone")
+                "the CLIs, python -m allreduce_kit.run and allreduce_kit.torch's init() (called before MPI "
+                "starts) set MPIR_CVAR_ENABLE_HEAVY_YIELD=1 (MPICH, when the job runs on that node alone) or "
+                "OMPI_MCA_mpi_yield_when_idle=1 (Open MPI) before MPI starts when a node has more ranks than "
+                "cores; 0 leaves them alone")
 WAIT = Setting("ALLREDUCE_KIT_WAIT", wait_mode, "auto",
                "how ranks wait on a node's shared flags: spin, yield (sched_yield each turn) or block (a few "
                "yields, then sleep until woken); auto: spin if every rank has a core, else yield; block is "

@@ -20,7 +20,8 @@ wants are asked for instead, by the CLIs (``python -m allreduce_kit.train``, ``.
   without; the trainer's default run 1.4x as long with it; docs/multinode.md).
 
 Inside a script of your own, ``allreduce_kit.install_abort_hook()`` turns on the first; the
-second can only come from the environment or this launcher.
+second comes from the environment, this launcher, or ``allreduce_kit.torch.init()`` when it is
+called before anything has imported ``mpi4py.MPI``.
 """
 import os
 import runpy
@@ -41,17 +42,28 @@ OPEN_MPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"
 yield_set_here = False
 
 
+def yield_wanted(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The yield variable (``yield_variable``) this process should have set to 1 before MPI
+    started, or None: None unless the launcher put more ranks on this node than it has cores, the
+    user has not set the variable, ``ALLREDUCE_KIT_YIELD`` allows and, for MPICH's, the job runs
+    on this node alone."""
+    env = os.environ if environ is None else environ
+    if not config.read(config.YIELD, env) or not oversubscribed_from_launcher(env):
+        return None
+    name = yield_variable(env)
+    if name in env or (name == HEAVY_YIELD and spans_nodes_from_launcher(env)):
+        return None
+    return name
+
+
 def enable_heavy_yield(environ: Optional[MutableMapping[str, str]] = None) -> bool:
     """Set ``MPIR_CVAR_ENABLE_HEAVY_YIELD=1`` (MPICH; only if the job runs on this node alone) or,
     under Open MPI's ``mpirun``, ``OMPI_MCA_mpi_yield_when_idle=1`` in ``environ`` (default
-    ``os.environ``) if the launcher put more ranks on this node than it has cores, the user has not
-    set it and ``ALLREDUCE_KIT_YIELD`` allows; return whether it was set here. Takes effect only if
-    MPI has not started yet."""
+    ``os.environ``) where ``yield_wanted`` says so; return whether it was set here. Takes effect
+    only if MPI has not started yet."""
     env = os.environ if environ is None else environ
-    if not config.read(config.YIELD, env) or not oversubscribed_from_launcher(env):
-        return False
-    name = yield_variable(env)
-    if name in env or (name == HEAVY_YIELD and spans_nodes_from_launcher(env)):
+    name = yield_wanted(env)
+    if name is None:
         return False
     env[name] = "1"
     return True

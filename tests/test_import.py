@@ -138,3 +138,75 @@ def test_the_launcher_reports_usage_errors(tmp_path, args, status):
                             timeout=60, cwd=tmp_path)
     assert result.returncode == status
     assert "Traceback" not in result.stderr
+
+
+# -- allreduce_kit.torch: the import changes nothing; init() prepares MPI's start as the launcher does --
+
+TORCH_PROBE = """
+import json, os, sys, warnings
+NAMES = ("MPIR_CVAR_ENABLE_HEAVY_YIELD", "OMPI_MCA_mpi_yield_when_idle")
+seen = {{}}
+def audit(event, args):
+    if event == "import" and args[0] == "mpi4py.MPI" and "at_mpi_start" not in seen:
+        seen["at_mpi_start"] = {{name: os.environ.get(name) for name in NAMES}}
+sys.addaudithook(audit)
+before = (dict(os.environ), sys.excepthook)
+{first}
+import allreduce_kit.torch as hvd
+seen["import_changes_nothing"] = (dict(os.environ), sys.excepthook) == before
+seen["mpi_imported_by_import"] = "mpi4py.MPI" in sys.modules
+seen["names_before_init"] = [hvd.Average, hvd.Sum, hvd.Compression.fp16.__name__, hvd.is_initialized()]
+seen["mpi_imported_before_init"] = "mpi4py.MPI" in sys.modules
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    hvd.init()
+seen["warnings"] = [str(w.message) for w in caught if str(w.message).startswith("allreduce_kit")]
+seen["set_by_init"] = {{k: v for k, v in os.environ.items() if before[0].get(k) != v}}
+seen["rank_size"] = [hvd.rank(), hvd.size()]
+hvd.shutdown()
+print(json.dumps(seen))
+"""
+
+
+def torch_probe(tmp_path, env, first: str = "") -> dict:
+    import os
+
+    pytest.importorskip("torch")
+    clean = {k: v for k, v in os.environ.items() if k not in ("MPIR_CVAR_ENABLE_HEAVY_YIELD", "OMPI_MCA_mpi_yield_when_idle")}
+    result = subprocess.run([sys.executable, "-c", TORCH_PROBE.format(first=first)], capture_output=True, text=True,
+                            timeout=300, cwd=tmp_path, env=dict(clean, **env))
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_import_allreduce_kit_torch_changes_nothing_and_init_sets_yield_before_mpi_starts(tmp_path):
+    # MPI_LOCALNRANKS says "more ranks on this node than cores": what plain mpirun -n 4 on 2 cores says
+    seen = torch_probe(tmp_path, {"MPI_LOCALNRANKS": "4096"})
+    assert seen["import_changes_nothing"] and not seen["mpi_imported_by_import"]
+    assert seen["names_before_init"] == ["mean", "sum", "FP16Compressor", False] and not seen["mpi_imported_before_init"]
+    assert seen["at_mpi_start"] == {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1", "OMPI_MCA_mpi_yield_when_idle": None}
+    assert seen["set_by_init"] == {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
+    assert seen["warnings"] == [] and seen["rank_size"] == [0, 1]
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({"MPI_LOCALNRANKS": "1"}, {}),                                                       # a core each
+    ({"MPI_LOCALNRANKS": "4096", "MPIR_CVAR_ENABLE_HEAVY_YIELD": "0"}, {}),               # the user decides
+    ({"MPI_LOCALNRANKS": "4096", "ALLREDUCE_KIT_YIELD": "0"}, {}),
+    ({"MPI_LOCALNRANKS": "4096", "PMI_SIZE": "8192"}, {}),                                # spans nodes (MPICH)
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "4096", "OMPI_COMM_WORLD_SIZE": "4096"}, {"OMPI_MCA_mpi_yield_when_idle": "1"}),
+])
+def test_torch_init_sets_yield_only_where_the_launcher_does(tmp_path, env, expected):
+    seen = torch_probe(tmp_path, env)
+    assert seen["set_by_init"] == expected and seen["warnings"] == []
+    for name, value in expected.items():
+        assert seen["at_mpi_start"][name] == value
+
+
+def test_torch_init_after_mpi_started_warns_where_yield_was_wanted(tmp_path):
+    seen = torch_probe(tmp_path, {"MPI_LOCALNRANKS": "4096"}, first="from mpi4py import MPI")
+    assert seen["set_by_init"] == {} and seen["at_mpi_start"]["MPIR_CVAR_ENABLE_HEAVY_YIELD"] is None
+    [warning] = seen["warnings"]
+    assert "MPI started before init()" in warning and "MPIR_CVAR_ENABLE_HEAVY_YIELD=1" in warning
+    assert "python -m allreduce_kit.run" in warning and "mpirun -genv MPIR_CVAR_ENABLE_HEAVY_YIELD 1" in warning
+    assert torch_probe(tmp_path, {"MPI_LOCALNRANKS": "1"}, first="from mpi4py import MPI")["warnings"] == []

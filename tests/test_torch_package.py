@@ -57,3 +57,14 @@ def test_torch_digits_example_at_8_ranks(mpirun, tmp_path):
     report = json.loads(Path(out).read_text())
     assert len(report["straggler"]["ranks"]) == 8 and report["straggler"]["steps"] > 0
     assert len(report["overlap"]["hidden_share"]) == report["straggler"]["steps"]
+
+
+def test_every_public_name_is_the_function_or_class_not_a_module_of_the_same_name(tmp_path):
+    """Names load on first use; a submodule imported by another (``calls`` imports the module
+    that reduce-scatters rows) must never shadow a public function of the package."""
+    code = ("import types, allreduce_kit.torch as hvd\nhvd.init()\n"
+            "bad = [n for n in hvd.__all__ if isinstance(getattr(hvd, n), types.ModuleType)]\n"
+            "missing = [n for n in hvd.__all__ if not hasattr(hvd, n)]\nprint(bad, missing)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[0] == "[] []", result.stdout

@@ -16,25 +16,42 @@ A Horovod PyTorch script runs with its import line changed::
 Tensors are CPU tensors; a contiguous one is reduced in place through a numpy array over its
 memory, with the library's algorithms. ``DistributedOptimizer`` reduces gradients in buckets on
 a background thread while backward runs. What is and is not supported: docs/pytorch.md.
-Importing ``allreduce_kit`` does not import this module (nor torch).
+Importing ``allreduce_kit`` does not import this module (nor torch). Importing this one imports
+torch but does not start MPI, and changes nothing else in the process: ``init()`` comes first and
+may prepare MPI's start (``start.py``); the other names are imported on first use.
 """
-from .async_calls import (allgather_async, allreduce_async, allreduce_async_, alltoall_async, broadcast_async,
-                          broadcast_async_, grouped_allgather_async, grouped_allreduce_async, grouped_allreduce_async_,
-                          grouped_reducescatter_async, reducescatter_async)
-from .calls import (allgather, allgather_object, allreduce, allreduce_, alltoall, barrier, broadcast, broadcast_,
-                    broadcast_object, reducescatter)
+from importlib import import_module
+from typing import Any
+
 from .compression import Compression, Compressor
 from .errors import CollectiveError, HorovodInternalError
-from .functions import broadcast_optimizer_state, broadcast_parameters
-from .grouped import grouped_allgather, grouped_allreduce, grouped_allreduce_, grouped_reducescatter
-from .handles import poll, synchronize
-from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, ccl_built, cross_rank, cross_size, cuda_built,
-                      ddl_built, gloo_built, gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
-                      mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
-from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
-from .sparse import sparse_allreduce_async
-from .optimizer import BUCKET_MB, DistributedOptimizer
-from .timing import Timing
+from .ops import Adasum, Average, Max, Min, Product, Sum
+from .start import init, is_initialized
+
+
+def _names(module: str, names: str) -> dict:
+    return {name: module for name in names.split()}
+
+
+#: public name -> the module that defines it, imported on first use (they import mpi4py.MPI,
+#: which starts MPI: after ``init``, which must come first to prepare MPI's start)
+_PUBLIC = {
+    **_names("mpi_ops", "shutdown rank size local_rank local_size cross_rank cross_size is_homogeneous "
+                        "mpi_threads_supported mpi_built mpi_enabled gloo_built gloo_enabled nccl_built cuda_built "
+                        "rocm_built ccl_built ddl_built"),
+    **_names("calls", "allreduce allreduce_ allgather broadcast broadcast_ broadcast_object allgather_object barrier "
+                      "alltoall reducescatter"),
+    **_names("async_calls", "allgather_async allreduce_async allreduce_async_ alltoall_async broadcast_async "
+                            "broadcast_async_ grouped_allgather_async grouped_allreduce_async grouped_allreduce_async_ "
+                            "grouped_reducescatter_async reducescatter_async"),
+    **_names("grouped", "grouped_allgather grouped_allreduce grouped_allreduce_ grouped_reducescatter"),
+    **_names("handles", "poll synchronize"),
+    **_names("process_sets", "ProcessSet add_process_set global_process_set remove_process_set"),
+    **_names("sparse", "sparse_allreduce_async"),
+    "broadcast_parameters": "functions", "broadcast_optimizer_state": "functions",
+    "DistributedOptimizer": "optimizer", "BUCKET_MB": "optimizer",
+    "Timing": "timing",
+}
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
@@ -51,3 +68,21 @@ __all__ = [
     "CollectiveError", "HorovodInternalError",
     "Compression", "Compressor", "DistributedOptimizer", "BUCKET_MB", "Timing",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        try:
+            return import_module(f"{__name__}.{name}")  # a submodule: allreduce_kit.torch.mpi_ops, ...
+        except ModuleNotFoundError as missing:
+            if missing.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -6,12 +6,12 @@ from typing import Optional, Sequence
 import torch
 
 from . import grouped, mpi_ops
-from .alltoall import alltoall_here
+from .exchange import alltoall_here
 from .calls import as_collective_error
 from .compression import Compression
 from .handles import start
 from .process_sets import global_process_set
-from .reducescatter import reducescatter_here
+from .scatter_rows import reducescatter_here
 
 
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None, op=None,

@@ -18,11 +18,11 @@ from mpi4py import MPI
 
 from ..stall import INSPECTOR
 from . import mpi_ops
-from .alltoall import alltoall_here
+from .exchange import alltoall_here
 from .compression import Compression
 from .errors import CollectiveError
 from .process_sets import global_process_set, running_on, with_set_gradient
-from .reducescatter import reducescatter_here
+from .scatter_rows import reducescatter_here
 
 T = TypeVar("T")
 
@@ -130,14 +130,14 @@ def barrier(process_set=global_process_set) -> None:
 def reducescatter(tensor: torch.Tensor, name: Optional[str] = None, compression=Compression.none,
                   op=mpi_ops.Average, process_set=global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> torch.Tensor:
-    """This rank's block of rows of the reduction over the ranks of ``process_set`` (``reducescatter.py``)."""
+    """This rank's block of rows of the reduction over the ranks of ``process_set`` (``scatter_rows.py``)."""
     with running_on(process_set, "reducescatter"):
         return reducescatter_here(tensor, name, compression, op, prescale_factor, postscale_factor)
 
 
 @as_collective_error
 def alltoall(tensor: torch.Tensor, splits=None, name: Optional[str] = None, process_set=global_process_set):
-    """Rows sent to and received from every rank of ``process_set`` (``alltoall.py``): the output,
+    """Rows sent to and received from every rank of ``process_set`` (``exchange.py``): the output,
     and with ``splits`` given, ``(output, received_splits)``."""
     with running_on(process_set, "alltoall"):
         return alltoall_here(tensor, splits, name)

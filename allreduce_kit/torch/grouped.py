@@ -10,7 +10,7 @@ from . import mpi_ops
 from .calls import as_collective_error
 from .compression import Compression
 from .process_sets import global_process_set, running_on, with_set_gradient
-from .reducescatter import reducescatter_here
+from .scatter_rows import reducescatter_here
 
 
 def _listed(tensors, caller: str) -> List[torch.Tensor]:

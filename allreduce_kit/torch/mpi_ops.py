@@ -29,14 +29,11 @@ from ..stall import INSPECTOR
 from ..topology import Topology, user_threads
 from . import tensors
 from .compression import Compression, check_compression
+from .ops import Adasum, Average, Max, Min, Product, Sum
 from .scaling import scale_
 from .tensors import as_bytes, as_numpy, check_tensor
 from .worker import Worker, available
 
-#: The reduction operations, as Horovod names them (their values are the library's op names).
-Average, Sum, Min, Max, Product = "mean", "sum", "min", "max", "prod"
-#: Horovod's Adasum; not implemented here: passing it raises ``ValueError``.
-Adasum = "adasum"
 _HOROVOD_NAMES = {"average": "mean", "product": "prod"}
 
 
@@ -570,8 +567,15 @@ def _gathered(tensor: torch.Tensor, caller: str, name: Optional[str], check: boo
     return out, rows
 
 
+#: The reduction of an output's gradient in ``allgather``'s and ``broadcast``'s backward: the
+#: average over ranks, as Horovod's (whose tests expect, for the same gradient of the output on
+#: every rank, that gradient back, not ``size`` times it).
+_GRADIENT = _Reduce(Average, Compression.none, 1.0, 1.0, None)
+
+
 class _AllgatherFunction(torch.autograd.Function):
-    """``allgather`` with a gradient: this rank's rows of the summed gradient of the output."""
+    """``allgather`` with a gradient: this rank's rows of the output's gradient averaged over
+    the ranks (Horovod's)."""
 
     @staticmethod
     def forward(ctx, tensor, name, check):
@@ -582,8 +586,8 @@ class _AllgatherFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        summed = _reduced_copy(grad.contiguous(), _Reduce(Sum, Compression.none, 1.0, 1.0, None), "allgather (gradient)")
-        return summed.narrow(0, ctx.start, ctx.rows), None, None
+        averaged = _reduced_copy(grad.contiguous(), _GRADIENT, "allgather (gradient)")
+        return averaged.narrow(0, ctx.start, ctx.rows), None, None
 
 
 def allgather(tensor: torch.Tensor, name: Optional[str] = None, *, check: Optional[bool] = None) -> torch.Tensor:
@@ -591,7 +595,8 @@ def allgather(tensor: torch.Tensor, name: Optional[str] = None, *, check: Option
 
     Collective: the tensors may differ in their first dimension only; the other dimensions and
     the dtype (any) must be the same on every rank. Shapes are exchanged first, so a difference
-    raises ``ValueError`` on every rank. Differentiable.
+    raises ``ValueError`` on every rank. Differentiable, as Horovod's: a rank's gradient is its
+    rows of the output's gradient averaged over the ranks (collective in backward too).
     """
     checked = checking(check, "allgather")
     if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
@@ -633,7 +638,8 @@ def _broadcast_into(tensor: torch.Tensor, r: int, caller: str, name: Optional[st
 
 
 class _BroadcastFunction(torch.autograd.Function):
-    """``broadcast`` with a gradient: the summed gradient of the outputs, on the root only."""
+    """``broadcast`` with a gradient: the outputs' gradient averaged over the ranks, on the root;
+    zero elsewhere (Horovod's)."""
 
     @staticmethod
     def forward(ctx, tensor, r, name, checked):
@@ -644,10 +650,10 @@ class _BroadcastFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        summed = _reduced_copy(grad.contiguous(), _Reduce(Sum, Compression.none, 1.0, 1.0, None), "broadcast (gradient)")
+        averaged = _reduced_copy(grad.contiguous(), _GRADIENT, "broadcast (gradient)")
         if state().rank != ctx.root:
-            summed.zero_()
-        return summed, None, None, None
+            averaged.zero_()
+        return averaged, None, None, None
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None, *,
@@ -655,7 +661,9 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None, 
     """A new tensor holding ``root_rank``'s ``tensor``, on every rank; ``tensor`` is not modified.
 
     Collective: every rank passes a contiguous CPU tensor of the same shape and dtype (any);
-    ``check=True`` compares them across ranks first. Differentiable.
+    ``check=True`` compares them across ranks first. Differentiable, as Horovod's: the root's
+    gradient is the output's gradient averaged over the ranks, every other rank's is zero
+    (collective in backward too).
     """
     r, checked = _broadcast_checked("broadcast", tensor, root_rank, name, check)
     if tensor.requires_grad and torch.is_grad_enabled():

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 import allreduce_kit.torch as hvd  # noqa: E402
 from allreduce_kit.torch import mpi_ops  # noqa: E402
-from allreduce_kit.torch.reducescatter import row_blocks  # noqa: E402
+from allreduce_kit.torch.scatter_rows import row_blocks  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 RANK, P = WORLD.Get_rank(), WORLD.Get_size()
