@@ -27,6 +27,7 @@ _PUBLIC = {
     "FlatParameters": "params", "average_arrays": "params", "average_buffer": "params",
     "broadcast_parameters": "params",
     "plan": "plans", "Plan": "plans",
+    "shard_bounds": "blocks",
 }
 
 __all__ = [*_PUBLIC, "__version__"]
