@@ -28,6 +28,9 @@ _PUBLIC = {
     "broadcast_parameters": "params",
     "plan": "plans", "Plan": "plans",
     "shard_bounds": "blocks",
+    "reduce_scatter": "collectives.reduce_scatter",
+    "allgather": "collectives.allgather",
+    "broadcast": "collectives.broadcast",
 }
 
 __all__ = [*_PUBLIC, "__version__"]
