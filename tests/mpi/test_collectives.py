@@ -12,7 +12,7 @@ from allreduce_kit.algorithms import allgather as allgathers
 from allreduce_kit.algorithms import broadcast as broadcasts
 from allreduce_kit.algorithms import reduce_scatter as reduce_scatters
 from allreduce_kit.stall import INSPECTOR
-from conftest import assert_quiet, assert_same_everywhere
+from conftest import assert_quiet, assert_same_everywhere, release
 from test_allreduce import DTYPES, float_tolerance, local_values, oracle
 
 
@@ -31,9 +31,9 @@ def own_block(x: np.ndarray, comm) -> np.ndarray:
 
 
 def test_every_collective_has_mpi_and_the_schedules_it_promises():
-    assert {"mpi", "ring", "recursive_halving"} <= set(reduce_scatters.ALGORITHMS)
-    assert {"mpi", "ring", "recursive_doubling"} <= set(allgathers.ALGORITHMS)
-    assert {"mpi", "binomial", "scatter_allgather"} <= set(broadcasts.ALGORITHMS)
+    assert {"mpi", "ring", "recursive_halving", "pairwise"} <= set(reduce_scatters.ALGORITHMS)
+    assert {"mpi", "ring", "recursive_doubling", "pairwise"} <= set(allgathers.ALGORITHMS)
+    assert {"mpi", "binomial", "scatter_allgather", "direct"} <= set(broadcasts.ALGORITHMS)
 
 
 @pytest.mark.mpi
@@ -274,3 +274,41 @@ def test_check_catches_a_bad_call_on_one_rank_only(comm):
     with pytest.raises(TypeError, match=words):
         reduce_scatter(x, comm=comm, check=True)
     assert_quiet(comm)
+
+
+@pytest.mark.mpi
+def test_pairwise_reduce_scatter_gives_the_bits_of_two_shot(comm):
+    """Rank r folds its own copy of block r and then ranks r+1, r+2, ... in order, as
+    ``two_shot`` folds segment r: bitwise the same block, floats included."""
+    from allreduce_kit import allreduce
+
+    for n in (5, 1000, LARGE):
+        x = local_values(n, "float32", comm.Get_rank())
+        reduced = allreduce(x.copy(), algorithm="two_shot", comm=comm)
+        assert np.array_equal(reduce_scatter(x, algorithm="pairwise", comm=comm), own_block(reduced, comm))
+    assert_quiet(comm)
+
+
+@pytest.mark.mpi
+def test_one_node_forms_give_the_bits_of_their_messages(comm):
+    """``pairwise`` and broadcast's ``direct`` read and write peers' memory on one node, and send
+    messages where they cannot (a communicator made with ``ALLREDUCE_KIT_DIRECT=0``): the same
+    folds in the same order either way."""
+    from test_mismatch import _messages_only
+
+    messages = _messages_only()
+    try:
+        p, rank = comm.Get_size(), comm.Get_rank()
+        for n in (3, 1000, LARGE):
+            x = local_values(n, "float64", rank)
+            for op in ("sum", "mean", "max"):
+                assert np.array_equal(reduce_scatter(x, op=op, algorithm="pairwise", comm=comm),
+                                      reduce_scatter(x, op=op, algorithm="pairwise", comm=messages))
+            lo, hi = shard_bounds(n, p)[rank:rank + 2]
+            assert np.array_equal(allgather(x[lo:hi], np.empty(n), algorithm="pairwise", comm=comm),
+                                  allgather(x[lo:hi], np.empty(n), algorithm="pairwise", comm=messages))
+            assert np.array_equal(broadcast(x.copy(), p - 1, algorithm="direct", comm=comm),
+                                  broadcast(x.copy(), p - 1, algorithm="direct", comm=messages))
+        assert_quiet(messages)
+    finally:
+        release(messages)

@@ -18,6 +18,10 @@ name                     what it does                               when it is t
                          bit, so the blocks held double each step   are not a power of two fold
                                                                     first, ``fold.py``: one more
                                                                     message, and n more bytes)
+``pairwise``             each rank gives its block to every other   large messages on one node: one
+                         rank; on one node written straight into    copy per peer, no intermediate
+                         the peers' ``out`` (``two_shot``'s second  buffer, one wait at the start and
+                         shot), else p-1 exchanges of messages      one at the end
 ``mpi``                  MPI's own ``Allgather`` (blocks of one     the oracle and the yardstick
                          length) or ``Allgatherv``
 =======================  =========================================  =================================
@@ -28,6 +32,7 @@ from typing import Callable, Dict, Sequence
 
 import numpy as np
 
+from .. import direct as transport
 from ...comm import LibraryComm
 
 Algorithm = Callable[[LibraryComm, np.ndarray, Sequence[int]], None]
@@ -35,8 +40,9 @@ Algorithm = Callable[[LibraryComm, np.ndarray, Sequence[int]], None]
 #: name -> algorithm; ``allgather(..., algorithm=name)`` looks names up here.
 ALGORITHMS: Dict[str, Algorithm] = {}
 
-#: ``auto``'s table: below this many bytes of ``out`` recursive doubling, from it the ring. A
-#: first table: the bench (``--collective allgather``) is the command to refine it.
+#: ``auto``'s table: below this many bytes of ``out`` recursive doubling; from it ``pairwise``
+#: where the ranks can write into each other's memory (one node), else the ring. A first table:
+#: the bench (``--collective allgather``) is the command to refine it.
 SMALL = 64 << 10
 
 
@@ -52,7 +58,9 @@ def register(name: str) -> Callable[[Algorithm], Algorithm]:
 
 def choose(comm: LibraryComm, nbytes: int) -> str:
     """``auto``'s algorithm for an ``out`` of ``nbytes`` on ``comm`` (the same on every rank)."""
-    return "recursive_doubling" if nbytes < SMALL else "ring"
+    if nbytes < SMALL:
+        return "recursive_doubling"
+    return "pairwise" if transport.peers_for(comm) is not None else "ring"
 
 
-from . import ring, recursive_doubling, mpi  # noqa: E402,F401  (each module registers itself)
+from . import ring, recursive_doubling, pairwise, mpi  # noqa: E402,F401  (each module registers itself)

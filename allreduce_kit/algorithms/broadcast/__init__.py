@@ -16,6 +16,9 @@ name                    what it does                                when it is t
                         allgather of the blocks (the allgather's    receives about 2n, one
                         ``ring``)                                   neighbour per step
                                                                     (van de Geijn's)
+``direct``              on one node every rank reads the root's     large messages on one node: one
+                        buffer straight out of its memory, all at   copy per rank, all at once, no
+                        once; elsewhere ``binomial``                intermediate buffer
 ``mpi``                 MPI's own ``Bcast``                         the oracle and the yardstick
 ======================  ==========================================  =================================
 
@@ -25,6 +28,7 @@ from typing import Callable, Dict
 
 import numpy as np
 
+from .. import direct as transport
 from ...comm import LibraryComm
 
 Algorithm = Callable[[LibraryComm, np.ndarray, int], None]
@@ -32,10 +36,11 @@ Algorithm = Callable[[LibraryComm, np.ndarray, int], None]
 #: name -> algorithm; ``broadcast(..., algorithm=name)`` looks names up here.
 ALGORITHMS: Dict[str, Algorithm] = {}
 
-#: ``auto``'s table: below this many bytes the binomial tree, from it scatter-allgather (which
-#: needs a few ranks to gain: at 2 ranks it is the tree with an extra step). A first table: the
+#: ``auto``'s table: below this many bytes, or below 4 ranks, the binomial tree (at 2 ranks it
+#: is one message, and scatter-allgather the tree with an extra step); from it ``direct`` where
+#: the ranks can read each other's memory (one node), else scatter-allgather. A first table: the
 #: bench (``--collective broadcast``) is the command to refine it.
-SMALL = 256 << 10
+SMALL = 64 << 10
 
 
 def register(name: str) -> Callable[[Algorithm], Algorithm]:
@@ -50,7 +55,11 @@ def register(name: str) -> Callable[[Algorithm], Algorithm]:
 
 def choose(comm: LibraryComm, nbytes: int) -> str:
     """``auto``'s algorithm for a buffer of ``nbytes`` on ``comm`` (the same on every rank)."""
-    return "binomial" if nbytes < SMALL or comm.nranks < 4 else "scatter_allgather"
+    if nbytes < SMALL:
+        return "binomial"
+    if comm.nranks < 4:
+        return "binomial"
+    return "direct" if transport.peers_for(comm) is not None else "scatter_allgather"
 
 
-from . import binomial, scatter_allgather, mpi  # noqa: E402,F401  (each module registers itself)
+from . import binomial, scatter_allgather, direct, mpi  # noqa: E402,F401  (each module registers itself)

@@ -20,6 +20,11 @@ name                   what it does                                 when it is t
                        and keeping the half that holds one's own    (p-1)/p n bytes (MPICH's choice
                        block (rank counts that are not a power of   for commutative ops)
                        two folded first, ``fold.py``)
+``pairwise``           rank r folds every rank's copy of block r    large messages on one node: each
+                       into its own; on one node read straight out  rank reads (p-1)/p n once, one
+                       of the peers' buffers a cached piece at a    wait at the start, one at the
+                       time (``two_shot``'s first shot), else p-1   end, no partial sums passed on
+                       exchanges of messages
 ``mpi``                MPI's own ``Reduce_scatter_block`` (blocks   the oracle and the yardstick
                        of one length) or ``Reduce_scatter``
 =====================  ===========================================  =================================
@@ -30,6 +35,7 @@ from typing import Callable, Dict
 
 import numpy as np
 
+from .. import direct as transport
 from ...comm import LibraryComm
 from ...reduction import Reduction
 
@@ -38,8 +44,9 @@ Algorithm = Callable[[LibraryComm, np.ndarray, np.ndarray, Reduction], None]
 #: name -> algorithm; ``reduce_scatter(..., algorithm=name)`` looks names up here.
 ALGORITHMS: Dict[str, Algorithm] = {}
 
-#: ``auto``'s table: below this many bytes of ``buf`` recursive halving, from it the ring. A
-#: first table: the bench (``--collective reduce_scatter``) is the command to refine it.
+#: ``auto``'s table: below this many bytes of ``buf`` recursive halving; from it ``pairwise`` where
+#: the ranks can read each other's memory (one node), else the ring. A first table: the bench
+#: (``--collective reduce_scatter``) is the command to refine it.
 SMALL = 64 << 10
 
 
@@ -55,7 +62,9 @@ def register(name: str) -> Callable[[Algorithm], Algorithm]:
 
 def choose(comm: LibraryComm, nbytes: int) -> str:
     """``auto``'s algorithm for a buffer of ``nbytes`` on ``comm`` (the same on every rank)."""
-    return "recursive_halving" if nbytes < SMALL else "ring"
+    if nbytes < SMALL:
+        return "recursive_halving"
+    return "pairwise" if transport.peers_for(comm) is not None else "ring"
 
 
-from . import ring, recursive_halving, mpi  # noqa: E402,F401  (each module registers itself)
+from . import ring, recursive_halving, pairwise, mpi  # noqa: E402,F401  (each module registers itself)
