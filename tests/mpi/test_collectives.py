@@ -289,7 +289,7 @@ def test_pairwise_reduce_scatter_gives_the_bits_of_two_shot(comm):
     assert_quiet(comm)
 
 
-@pytest.mark.mpi
+@pytest.mark.mpi(min_size=2)
 def test_one_node_forms_give_the_bits_of_their_messages(comm):
     """``pairwise`` and broadcast's ``direct`` read and write peers' memory on one node, and send
     messages where they cannot (a communicator made with ``ALLREDUCE_KIT_DIRECT=0``): the same
