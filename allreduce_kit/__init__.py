@@ -28,6 +28,11 @@ _PUBLIC = {
     "broadcast_parameters": "params",
     "plan": "plans", "Plan": "plans",
     "iallreduce": "nonblocking", "Handle": "nonblocking", "wait_all": "nonblocking",
+    "ireduce_scatter": "nonblocking", "iallgather": "nonblocking", "ibroadcast": "nonblocking",
+    "shard_bounds": "blocks",
+    "reduce_scatter": "collectives.reduce_scatter",
+    "allgather": "collectives.allgather",
+    "broadcast": "collectives.broadcast",
 }
 
 __all__ = [*_PUBLIC, "__version__"]

@@ -30,10 +30,13 @@ from mpi4py import MPI
 from . import config
 from .algorithms.spin import yielding
 from .collective import allreduce, validate
+from .collectives import allgather as _allgather
+from .collectives import broadcast as _broadcast
+from .collectives import reduce_scatter as _reduce_scatter
 from .comm import library_comm
 from .progress import available, submit
 
-__all__ = ["Handle", "begin", "iallreduce", "start", "wait_all"]
+__all__ = ["Handle", "begin", "iallgather", "iallreduce", "ibroadcast", "ireduce_scatter", "start", "wait_all"]
 
 
 class Handle:
@@ -159,6 +162,60 @@ def iallreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
     reduced in place while the caller goes on: do not read or write it before ``wait()``.
     """
     return begin(_allreduce_checks, allreduce, buf, op=op, algorithm=algorithm, comm=comm, check=check,
+                 stall_timeout=stall_timeout)
+
+
+def _common_checks(caller: str, comm, stall_timeout) -> None:
+    if stall_timeout is not None:
+        try:
+            config.seconds_argument(stall_timeout)
+        except (TypeError, ValueError) as bad:
+            raise type(bad)(f"{caller}: stall_timeout: {bad}") from None
+    try:
+        library_comm(comm)
+    except (TypeError, ValueError) as bad:
+        raise type(bad)(f"{caller}: {bad}") from None
+
+
+def _reduce_scatter_checks(buf, out=None, *, op, algorithm, comm, check, stall_timeout) -> None:
+    _reduce_scatter._local(buf, out, op, algorithm, comm, "ireduce_scatter")
+    _common_checks("ireduce_scatter", comm, stall_timeout)
+
+
+def ireduce_scatter(buf: np.ndarray, out: Optional[np.ndarray] = None, *, op: str = "sum", algorithm: str = "auto",
+                    comm: Optional[MPI.Intracomm] = None, check: Optional[bool] = None,
+                    stall_timeout: Optional[float] = None) -> Handle:
+    """Start ``reduce_scatter(buf, out, ...)`` and return its ``Handle``; ``wait()`` returns ``out``
+    (made by the call where it is ``None``). Checks as ``iallreduce`` does; ``buf`` and ``out``
+    must not be touched before ``wait()``."""
+    return begin(_reduce_scatter_checks, _reduce_scatter.reduce_scatter, buf, out, op=op, algorithm=algorithm,
+                 comm=comm, check=check, stall_timeout=stall_timeout)
+
+
+def _allgather_checks(block, out=None, *, counts, algorithm, comm, check, stall_timeout) -> None:
+    _allgather._local(block, out, counts, algorithm, comm, "iallgather")
+    _common_checks("iallgather", comm, stall_timeout)
+
+
+def iallgather(block: np.ndarray, out: Optional[np.ndarray] = None, *, counts=None, algorithm: str = "auto",
+               comm: Optional[MPI.Intracomm] = None, check: Optional[bool] = None,
+               stall_timeout: Optional[float] = None) -> Handle:
+    """Start ``allgather(block, out, ...)`` and return its ``Handle``; ``wait()`` returns ``out``
+    (made by the call where it is ``None``). Checks as ``iallreduce`` does."""
+    return begin(_allgather_checks, _allgather.allgather, block, out, counts=counts, algorithm=algorithm,
+                 comm=comm, check=check, stall_timeout=stall_timeout)
+
+
+def _broadcast_checks(buf, root=0, *, algorithm, comm, check, stall_timeout) -> None:
+    _broadcast._local(buf, root, algorithm, comm, "ibroadcast")
+    _common_checks("ibroadcast", comm, stall_timeout)
+
+
+def ibroadcast(buf: np.ndarray, root: int = 0, *, algorithm: str = "auto", comm: Optional[MPI.Intracomm] = None,
+               check: Optional[bool] = None, stall_timeout: Optional[float] = None) -> Handle:
+    """Start ``broadcast(buf, root, ...)`` and return its ``Handle``; ``wait()`` returns ``buf``.
+    Checks as ``iallreduce`` does."""
+    return begin(_broadcast_checks, _broadcast.broadcast, buf, root, algorithm=algorithm, comm=comm, check=check,
                  stall_timeout=stall_timeout)
 
 

@@ -9,7 +9,8 @@ import allreduce_kit
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
-FUNCTIONS = ("allreduce", "average_arrays", "average_buffer", "broadcast_parameters", "iallreduce", "plan")
+FUNCTIONS = ("allreduce", "average_arrays", "average_buffer", "broadcast_parameters", "iallreduce", "plan", "reduce_scatter",
+             "allgather", "broadcast")
 
 
 def shown(function) -> str:

@@ -218,6 +218,48 @@ def pull_combine(state, peer, mine, address, piece, iov, code):
     return 0
 
 
+@njit(cache=True, nogil=True)
+def fold_from_peers(state, mine, offset, piece, iov, code):
+    """``mine = mine op theirs`` for every peer in the order rank+1, rank+2, ... (mod p), where
+    ``theirs`` is ``mine.size`` elements at byte ``offset`` of the buffer the peer published,
+    read into ``piece`` (at least ``mine.size`` long, so ``mine`` stays in cache); 0, or -1 if a
+    read failed. The reduce-scatter of ``two_shot`` and ``reduce_scatter``'s ``pairwise``, a piece
+    at a time; ``reach`` every peer first."""
+    rank, size = state[0], state[1]
+    theirs = piece[:mine.size]
+    for k in range(1, size):
+        peer = (rank + k) % size
+        if pull(state, peer, theirs, address_of(state, peer) + offset, iov) != 0:
+            return -1
+        _loops.combine(mine, theirs, code)
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def push_to_peers(state, mine, offset, iov):
+    """Write ``mine`` at byte ``offset`` of every peer's published buffer, in the order rank+1,
+    rank+2, ... (mod p); 0, or -1 if a write failed. The allgather of ``two_shot`` and
+    ``allgather``'s ``pairwise``; ``reach`` every peer first."""
+    rank, size = state[0], state[1]
+    for k in range(1, size):
+        peer = (rank + k) % size
+        if push(state, peer, mine, address_of(state, peer) + offset, iov) != 0:
+            return -1
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def leave(state, first):
+    """Finish step ``first + 1`` and wait until every peer has too (no peer reads from or writes
+    into this rank's buffer any more); 0, or ``MISMATCH``."""
+    rank, size = state[0], state[1]
+    finish(state, first + 1)
+    for k in range(1, size):
+        if wait_for(state, (rank + k) % size, first + 1) != 0:
+            return MISMATCH
+    return 0
+
+
 def _libc_address(name: str) -> int:
     try:
         return ctypes.cast(getattr(ctypes.CDLL(None), name), ctypes.c_void_p).value or 0

@@ -1,27 +1,20 @@
 """Cutting a buffer into p near-equal segments: the shared arithmetic of ``ring``, ``two_shot``
-and ``rabenseifner`` (both their message schedules and their compiled direct loops)."""
-from functools import lru_cache
+and ``rabenseifner`` (both their message schedules and their compiled direct loops).
 
+The segments are the package's blocks (``allreduce_kit/blocks.py``): segment r of a ring or a
+two-shot allreduce is block r of ``reduce_scatter``."""
 import numpy as np
 
 from . import pieces
+from ..blocks import bounds_array, shard_bounds as segment_bounds
 
-
-def segment_bounds(n: int, p: int) -> list:
-    """Start offsets of p near-equal segments of n elements, plus n at the end."""
-    return [(i * n) // p for i in range(p + 1)]
+__all__ = ["segment_bounds", "segments", "bounds_array", "segment_pieces"]
 
 
 def segments(buf: np.ndarray, p: int) -> list:
     """The p near-equal segments of ``buf`` (views, in order)."""
     bounds = segment_bounds(buf.size, p)
     return [buf[bounds[i]:bounds[i + 1]] for i in range(p)]
-
-
-@lru_cache(maxsize=256)
-def bounds_array(n: int, p: int) -> np.ndarray:
-    """``segment_bounds`` as an int64 array for compiled loops (cached: the same few sizes recur)."""
-    return np.array(segment_bounds(n, p), np.int64)
 
 
 def segment_pieces(buf: np.ndarray, comm) -> int:

@@ -101,7 +101,7 @@ def _allreduce(buf, slots, state, code, divisor):
                 state[4] = gen
                 return -1
         if m * buf.itemsize >= scatter_from:
-            a, b = rank * m // size, (rank + 1) * m // size
+            a, b = rank * m // size, (rank + 1) * m // size  # this rank's block (blocks.py)
             mine = slots[base + a:base + b]
             for k in range(1, size):
                 _loops.combine(mine, slots[base + k * per_slot + a:base + k * per_slot + b], code)

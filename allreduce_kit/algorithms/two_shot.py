@@ -57,24 +57,15 @@ def _direct(buf, bounds, state, piece, iov, code, divisor):
     start, end = bounds[rank], bounds[rank + 1]
     while start < end:
         stop = min(start + piece.size, end)
-        mine, theirs = buf[start:stop], piece[:stop - start]
-        for k in range(1, size):  # reduce-scatter: fold every peer's copy of the piece in
-            peer = (rank + k) % size
-            if direct.pull(state, peer, theirs, direct.address_of(state, peer) + start * isz, iov) != 0:
-                return -1
-            _loops.combine(mine, theirs, code)
+        mine = buf[start:stop]
+        if direct.fold_from_peers(state, mine, start * isz, piece, iov, code) != 0:  # reduce-scatter
+            return -1
         if divisor != 0:
             _loops.divide(mine, divisor)
-        for k in range(1, size):  # allgather: the finished piece, still in cache, into every peer
-            peer = (rank + k) % size
-            if direct.push(state, peer, mine, direct.address_of(state, peer) + start * isz, iov) != 0:
-                return -1
+        if direct.push_to_peers(state, mine, start * isz, iov) != 0:  # allgather: the piece, still in cache
+            return -1
         start = stop
-    direct.finish(state, first + 1)
-    for k in range(1, size):
-        if direct.wait_for(state, (rank + k) % size, first + 1) != 0:
-            return direct.MISMATCH
-    return 0
+    return direct.leave(state, first)
 
 
 @register("two_shot")

@@ -6,6 +6,7 @@ and bus bandwidth, and ``#wrong``, the elements that differ from MPI's result. T
 of median times to MPI's, per size.
 
   mpiexec -n 4 python -m allreduce_kit.bench -b 8 -e 64M -f 2
+  mpiexec -n 4 python -m allreduce_kit.bench --collective reduce_scatter   # or allgather, broadcast
   mpiexec -n 4 python -m allreduce_kit.bench --tune          # crossover points for auto
   python -m allreduce_kit.bench --fit p2.json p4.json p8.json  # fit alpha, beta, gamma
   mpiexec -n 2 python -m allreduce_kit.bench --overlap        # iallreduce of 16 MiB behind 20 ms of numpy
@@ -33,6 +34,7 @@ from ..comm import library_comm
 from ..launch import check_launch
 from ..reduction import OPS, use_kernels
 from ..threads import limit_threads
+from . import collectives
 from . import fit as cost
 from . import network, output
 from . import overlap as overlapping
@@ -75,6 +77,11 @@ def build_parser() -> RankZeroParser:
     parser = RankZeroParser(prog=PROG, description="Allreduce algorithms side by side with MPI's own Allreduce, in "
                             "nccl-tests' table layout; time is the slowest rank's per call (median over samples).",
                             epilog="Algorithms: " + ", ".join(names) + ". Run under mpiexec; output on rank 0.")
+    parser.add_argument("--collective", default="allreduce", choices=("allreduce",) + collectives.COLLECTIVES,
+                        help="which collective to measure; sizes and busbw as nccl-tests define them for it "
+                             "(reduce_scatter, allgather: size is the whole buffer, busbw = algbw (p-1)/p; "
+                             "broadcast: busbw = algbw)")
+    parser.add_argument("--root", type=int, default=0, help="--collective broadcast: the rank it broadcasts from")
     parser.add_argument("-b", "--minbytes", default="4", help="smallest message, bytes per rank (K, M, G suffixes)")
     parser.add_argument("-e", "--maxbytes", default="64M", help="largest message, bytes per rank")
     parser.add_argument("-f", "--stepfactor", type=int, default=2, help="multiply the size by this between rows")
@@ -139,7 +146,18 @@ def check_args(parser: RankZeroParser, args) -> None:
         parser.error(f"--batch must be 0 (automatic) or positive, got {args.batch}")
     if args.stall_timeout is not None and not 0 <= args.stall_timeout < float("inf"):
         parser.error(f"--stall-timeout must be >= 0 seconds (0: off), got {args.stall_timeout}")
-    names = available()
+    names = available() if args.collective == "allreduce" else collectives.available(args.collective)
+    if args.collective != "allreduce":
+        for flag, given in (("--tune", args.tune), ("--fit", args.fit is not None), ("--plot", args.plot),
+                            ("--link-gbps", args.link_gbps is not None)):
+            if given:
+                parser.error(f"{flag} is for --collective allreduce only")
+        if args.collective != "reduce_scatter" and args.op != "sum":
+            parser.error(f"-o/--op: --collective {args.collective} reduces nothing")
+    if args.root != 0 and args.collective != "broadcast":
+        parser.error("--root is for --collective broadcast only")
+    if not 0 <= args.root < MPI.COMM_WORLD.Get_size():
+        parser.error(f"--root must be a rank in 0..{MPI.COMM_WORLD.Get_size() - 1}, got {args.root}")
     if args.algorithms == "all":
         args.names = [n for n in names if not (args.tune and n == "auto")]
     else:
@@ -345,6 +363,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     comm = MPI.COMM_WORLD
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.fit and args.collective != "allreduce":
+        parser.error("--fit is for --collective allreduce only")
     if args.fit:
         args.names, args.low, args.high = [], 0, 0
         if args.tune:
@@ -378,6 +398,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         from . import numpy_kernels
         use_kernels(numpy_kernels)
     kernels.warm_up([dtype], [args.op])
+    if args.collective != "allreduce":
+        return run_collective(comm, parser, args, dtype, sizes, threads)
     lib = library_comm(comm)
     tuner = online.tuner_for(lib) if lib.Get_size() > 1 else None
     info = preamble(comm, args, threads, selection.source_for(lib), tuner.mode if tuner else "off")
@@ -427,6 +449,58 @@ def main(argv: Optional[List[str]] = None) -> int:
             plot(args.plot, rows, f"allreduce, {comm.Get_size()} rank{'' if comm.Get_size() == 1 else 's'}, "
                                   f"{args.datatype} {args.op} ({info['mpi_name']})")
             print(f"# wrote {args.plot}", flush=True)
+    comm.Barrier()
+    return 0
+
+
+def run_collective(comm: MPI.Intracomm, parser: RankZeroParser, args, dtype: np.dtype, sizes: List[int],
+                   threads: int) -> int:
+    """``--collective reduce_scatter|allgather|broadcast``: the table, its ratios and ``--json``."""
+    p = comm.Get_size()
+    what = args.collective
+    hosts = sorted(set(comm.allgather(MPI.Get_processor_name() or socket.gethostname())))
+    info = {
+        "collective": what, "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
+        "mpi_name": mpi_name(MPI.Get_library_version()), "mpi4py": __import__("mpi4py").__version__,
+        "ranks": p, "hosts": hosts, "numba_threads_per_rank": threads, "kernel": args.kernel,
+        "dtype": args.datatype, "op": args.op if what == "reduce_scatter" else None,
+        "root": args.root if what == "broadcast" else None, "min_bytes": args.low, "max_bytes": args.high,
+        "step_factor": args.stepfactor, "warmup": args.warmup_iters, "samples": args.iters, "batch": args.batch or "auto",
+        "algorithms": args.names, "size": "the whole buffer" + (" (each rank holds size/p of it on one side)"
+                                                                if what != "broadcast" else ""),
+        "busbw": "algbw" if what == "broadcast" else "algbw * (p-1)/p",
+        "mpi_row": "mpi4py's own call made directly",
+        "timing": "per sample: restore input (untimed), barrier, then batch back-to-back calls, barrier (untimed); "
+                  "time per call = slowest rank's; median, min and max over samples",
+    }
+    info["options"] = {a.dest: getattr(args, a.dest) for a in parser._actions if a.dest not in ("help", "version")}
+    say(f"# {PROG}: {what}, {plural(p, 'rank')} on {plural(len(hosts), 'host')} ({', '.join(hosts)})")
+    say(f"# MPI: {info['mpi_name']} (mpi4py {info['mpi4py']})")
+    say(f"# dtype {args.datatype}" + (f", op {args.op}" if what == "reduce_scatter" else "")
+        + (f", root {args.root}" if what == "broadcast" else "")
+        + f", {human(args.low)} to {human(args.high)} x{args.stepfactor}; {args.warmup_iters} warm-up calls, "
+          f"then {args.iters} timed samples per row")
+    say(f"# size = the whole buffer; time = the slowest rank's time per call (median, min, max over samples); "
+        f"algbw = size / time, busbw = {info['busbw']}")
+    say(f"# #wrong = elements differing from MPI's result (summed over ranks); mpi = {info['mpi_row']}")
+    say("#")
+    say(output.header())
+    rows = collectives.sweep(what, comm, sizes, dtype, args.op, args.root, args.names, args.iters, args.warmup_iters,
+                             args.batch, on_row=lambda row: say(output.line(row)))
+    table = ratios(rows)
+    say(output.summary(table, what))
+    wrong = sum(row.wrong for row in rows)
+    average = avg_busbw(rows)
+    say(output.closing(wrong, average))
+    if comm.Get_rank() == 0:
+        if args.json:
+            write_json(args.json, {"preamble": info, "rows": [r.as_dict() for r in rows],
+                                   "ratios": {str(s): v for s, v in table.items()}, "wrong_total": wrong,
+                                   "avg_busbw": average})
+            print(f"# wrote {args.json}", flush=True)
+        if args.csv:
+            output.write_csv(args.csv, rows)
+            print(f"# wrote {args.csv}", flush=True)
     comm.Barrier()
     return 0
 

@@ -25,9 +25,13 @@ def line(row: Row, link_pct: Optional[float] = None) -> str:
             + (f" | {link_pct:>7.1f}" if link_pct is not None else ""))
 
 
-def summary(ratios: Dict[int, dict]) -> str:
+_MPI_CALL = {"allreduce": "Allreduce", "reduce_scatter": "Reduce_scatter", "allgather": "Allgather",
+             "broadcast": "Bcast"}
+
+
+def summary(ratios: Dict[int, dict], collective: str = "allreduce") -> str:
     """Per size: the fastest of ours, and ratios of median times (lower is better for us)."""
-    lines = ["#", "# Ratios of median times, same run (below 1: faster than MPI's own Allreduce)",
+    lines = ["#", f"# Ratios of median times, same run (below 1: faster than MPI's own {_MPI_CALL[collective]})",
              f"#{'size(B)':>12} {'best of ours':>20} {'best/mpi':>9} {'auto/best':>10} {'auto/mpi':>9}"]
     for size in sorted(ratios):
         r = ratios[size]

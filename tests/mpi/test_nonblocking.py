@@ -167,3 +167,44 @@ def test_with_check_a_rank_that_fails_locally_raises_at_the_call_and_the_others_
             handle.wait()
     allreduce(np.ones(3), comm=comm)  # waits for rank 0's part of the agreement, still in flight
     assert_quiet(comm)
+
+
+@pytest.mark.mpi
+def test_the_other_collectives_nonblocking_give_what_the_blocking_calls_give(comm):
+    """``ireduce_scatter``, ``iallgather`` and ``ibroadcast``, several in flight at once, each
+    bitwise the blocking call's result with the same algorithm; ``wait()`` returns ``out``
+    (made by the call where none was given) or ``buf``."""
+    from allreduce_kit import allgather, broadcast, iallgather, ibroadcast, ireduce_scatter, reduce_scatter, shard_bounds
+
+    rank, p = comm.Get_rank(), comm.Get_size()
+    for n in sorted({0, 1, p + 1, 1000}):
+        values = local_values(n, "float64", rank)
+        bounds = shard_bounds(n, p)
+        mine = local_values(bounds[rank + 1] - bounds[rank], "int64", rank)
+        source = np.arange(n, dtype=np.float32) + (rank == p - 1) * 7
+        handles = [ireduce_scatter(values, op="sum", algorithm="ring", comm=comm),
+                   iallgather(mine, np.empty(n, np.int64), algorithm="ring", comm=comm),
+                   ibroadcast(source.copy(), root=p - 1, comm=comm)]
+        scattered, gathered, broadcast_result = wait_all(handles)
+        assert np.array_equal(scattered, reduce_scatter(values, op="sum", algorithm="ring", comm=comm)), n
+        assert np.array_equal(gathered, allgather(mine, np.empty(n, np.int64), algorithm="ring", comm=comm)), n
+        assert np.array_equal(broadcast_result, broadcast(source.copy(), root=p - 1, comm=comm)), n
+        assert np.array_equal(broadcast_result, np.arange(n, dtype=np.float32) + 7), n
+    assert_quiet(comm)
+
+
+@pytest.mark.mpi
+def test_the_other_collectives_nonblocking_check_at_the_call_under_their_own_names(comm):
+    from allreduce_kit import iallgather, ibroadcast, ireduce_scatter
+
+    p = comm.Get_size()
+    cases = [(lambda: ireduce_scatter(np.ones(4), op="average", comm=comm), ValueError, "ireduce_scatter: .*op"),
+             (lambda: ireduce_scatter(np.ones(4), np.empty(99), comm=comm), ValueError, "ireduce_scatter: out"),
+             (lambda: iallgather(np.ones(4), counts=[1] * p, comm=comm), ValueError, "iallgather: block"),
+             (lambda: ibroadcast(np.ones(4), root=p, comm=comm), ValueError, "ibroadcast: root"),
+             (lambda: ibroadcast(np.ones(4), stall_timeout=-1, comm=comm), ValueError, "ibroadcast: stall_timeout")]
+    for call, kind, pattern in cases:
+        with pytest.raises(kind, match=pattern):
+            call()
+        assert IN_FLIGHT[0] == 0, "a malformed call started something"
+    assert_quiet(comm)

@@ -1,0 +1,65 @@
+"""The registry of broadcast algorithms: one module each, one function ``(comm, buf, root)``.
+
+An algorithm copies rank ``root``'s ``buf`` (1-D, C-contiguous, the same length and dtype on
+every rank of ``comm``) into every other rank's ``buf``. ``comm`` is the library's own
+communicator (``LibraryComm``) of at least two ranks; ``buf`` is never empty. Validation happens
+before an algorithm is called (``allreduce_kit/collectives/broadcast.py``).
+
+======================  ==========================================  =================================
+name                    what it does                                when it is the right choice
+======================  ==========================================  =================================
+``binomial``            a binomial tree from the root: in step k    small messages: lg p steps, the
+                        every rank that has the buffer sends it to  whole buffer in each
+                        the rank 2^k above it (counted from root)
+``scatter_allgather``   the root sends each rank its block          large messages: the root sends
+                        (``blocks.shard_bounds``), then a ring      n once in all, every rank
+                        allgather of the blocks (the allgather's    receives about 2n, one
+                        ``ring``)                                   neighbour per step
+                                                                    (van de Geijn's)
+``direct``              on one node every rank reads the root's     large messages on one node: one
+                        buffer straight out of its memory, all at   copy per rank, all at once, no
+                        once; elsewhere ``binomial``                intermediate buffer
+``mpi``                 MPI's own ``Bcast``                         the oracle and the yardstick
+======================  ==========================================  =================================
+
+``algorithm="auto"`` picks one by the buffer's size and the rank count (``choose``).
+"""
+from typing import Callable, Dict
+
+import numpy as np
+
+from .. import direct as transport
+from ...comm import LibraryComm
+
+Algorithm = Callable[[LibraryComm, np.ndarray, int], None]
+
+#: name -> algorithm; ``broadcast(..., algorithm=name)`` looks names up here.
+ALGORITHMS: Dict[str, Algorithm] = {}
+
+#: ``auto``'s table: below this many bytes, or below 4 ranks, the binomial tree (at 2 ranks it
+#: is one message, and scatter-allgather the tree with an extra step); from it ``direct`` where
+#: the ranks can read each other's memory (one node), else scatter-allgather. A first table: the
+#: bench (``--collective broadcast``) is the command to refine it.
+SMALL = 64 << 10
+
+
+def register(name: str) -> Callable[[Algorithm], Algorithm]:
+    """Decorator: add an algorithm to ``ALGORITHMS`` under ``name``."""
+
+    def add(fn: Algorithm) -> Algorithm:
+        ALGORITHMS[name] = fn
+        return fn
+
+    return add
+
+
+def choose(comm: LibraryComm, nbytes: int) -> str:
+    """``auto``'s algorithm for a buffer of ``nbytes`` on ``comm`` (the same on every rank)."""
+    if nbytes < SMALL:
+        return "binomial"
+    if comm.nranks < 4:
+        return "binomial"
+    return "direct" if transport.peers_for(comm) is not None else "scatter_allgather"
+
+
+from . import binomial, scatter_allgather, direct, mpi  # noqa: E402,F401  (each module registers itself)

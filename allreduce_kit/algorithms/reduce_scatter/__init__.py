@@ -1,0 +1,70 @@
+"""The registry of reduce-scatter algorithms: one module each, one function ``(comm, buf, out, op)``.
+
+An algorithm reduces ``buf`` (1-D, C-contiguous, the same length ``n`` and dtype on every rank
+of ``comm``) with ``op`` (a ``Reduction``) and leaves block ``r`` of the result
+(``blocks.shard_bounds(n, p)``) in ``out`` on rank ``r``. ``buf`` is only read; ``out`` does not
+overlap it. ``comm`` is the library's own communicator (``LibraryComm``) of at least two ranks;
+``n`` is never 0. Validation happens before an algorithm is called
+(``allreduce_kit/collectives/reduce_scatter.py``).
+
+=====================  ===========================================  =================================
+name                   what it does                                 when it is the right choice
+=====================  ===========================================  =================================
+``ring``               p-1 steps around the ring: each rank sends   large messages: each rank sends
+                       its running sum of one block to the right    and receives (p-1)/p n, one
+                       and folds in its own copy of the block that  neighbour per step
+                       arrives from the left; rank r finishes
+                       block r in the last step
+``recursive_halving``  lg p steps, each swapping half of what is    small and mid-sized messages:
+                       left with the partner across one rank bit    lg p messages, the same
+                       and keeping the half that holds one's own    (p-1)/p n bytes (MPICH's choice
+                       block (rank counts that are not a power of   for commutative ops)
+                       two folded first, ``fold.py``)
+``pairwise``           rank r folds every rank's copy of block r    large messages on one node: each
+                       into its own; on one node read straight out  rank reads (p-1)/p n once, one
+                       of the peers' buffers a cached piece at a    wait at the start, one at the
+                       time (``two_shot``'s first shot), else p-1   end, no partial sums passed on
+                       exchanges of messages
+``mpi``                MPI's own ``Reduce_scatter_block`` (blocks   the oracle and the yardstick
+                       of one length) or ``Reduce_scatter``
+=====================  ===========================================  =================================
+
+``algorithm="auto"`` picks one by the buffer's size and the rank count (``choose``).
+"""
+from typing import Callable, Dict
+
+import numpy as np
+
+from .. import direct as transport
+from ...comm import LibraryComm
+from ...reduction import Reduction
+
+Algorithm = Callable[[LibraryComm, np.ndarray, np.ndarray, Reduction], None]
+
+#: name -> algorithm; ``reduce_scatter(..., algorithm=name)`` looks names up here.
+ALGORITHMS: Dict[str, Algorithm] = {}
+
+#: ``auto``'s table: below this many bytes of ``buf`` recursive halving; from it ``pairwise`` where
+#: the ranks can read each other's memory (one node), else the ring. A first table: the bench
+#: (``--collective reduce_scatter``) is the command to refine it.
+SMALL = 64 << 10
+
+
+def register(name: str) -> Callable[[Algorithm], Algorithm]:
+    """Decorator: add an algorithm to ``ALGORITHMS`` under ``name``."""
+
+    def add(fn: Algorithm) -> Algorithm:
+        ALGORITHMS[name] = fn
+        return fn
+
+    return add
+
+
+def choose(comm: LibraryComm, nbytes: int) -> str:
+    """``auto``'s algorithm for a buffer of ``nbytes`` on ``comm`` (the same on every rank)."""
+    if nbytes < SMALL:
+        return "recursive_halving"
+    return "pairwise" if transport.peers_for(comm) is not None else "ring"
+
+
+from . import ring, recursive_halving, pairwise, mpi  # noqa: E402,F401  (each module registers itself)

@@ -1,0 +1,142 @@
+"""``python -m allreduce_kit.bench --collective reduce_scatter|allgather|broadcast``: each
+algorithm of one collective beside MPI's own call, in the allreduce bench's table.
+
+Sizes and bus bandwidth as nccl-tests define them per collective (``doc/PERFORMANCE.md``):
+
+- ``reduce_scatter``: size = the whole buffer each rank passes in (each rank gets size/p back);
+  busbw = algbw * (p-1)/p;
+- ``allgather``: size = the whole buffer each rank ends with (each rank gives size/p);
+  busbw = algbw * (p-1)/p;
+- ``broadcast``: size = the buffer; busbw = algbw.
+
+The ``mpi`` row is mpi4py's call made directly (``Reduce_scatter_block``/``Reduce_scatter``,
+``Allgather``/``Allgatherv``, ``Bcast``), without the validation every other row pays.
+``#wrong`` counts the elements (summed over ranks) that differ from MPI's result; inputs are
+small integers, so every order of folding gives the same exact result.
+"""
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from ..algorithms.mpi import MPI_OPS
+from ..blocks import block, counts
+from ..comm import library_comm
+from .sweep import Row, local_input
+from .timing import time_calls
+
+COLLECTIVES = ("reduce_scatter", "allgather", "broadcast")
+
+
+def registry(collective: str) -> dict:
+    """The collective's ``ALGORITHMS``."""
+    from ..algorithms import allgather, broadcast, reduce_scatter
+
+    return {"reduce_scatter": reduce_scatter, "allgather": allgather, "broadcast": broadcast}[collective].ALGORITHMS
+
+
+def available(collective: str) -> List[str]:
+    """Names ``-a`` accepts for ``collective``: its algorithms, ``auto`` and ``mpi``."""
+    return sorted(n for n in registry(collective) if n != "mpi") + ["auto", "mpi"]
+
+
+def bus_factor(collective: str, p: int) -> float:
+    """busbw / algbw (nccl-tests)."""
+    return 1.0 if collective == "broadcast" else (p - 1) / p
+
+
+def chosen(collective: str, lib, nbytes: int) -> str:
+    from ..algorithms import allgather, broadcast, reduce_scatter
+
+    module = {"reduce_scatter": reduce_scatter, "allgather": allgather, "broadcast": broadcast}[collective]
+    return module.choose(lib, nbytes)
+
+
+class Case:
+    """One collective at one size: its buffers, MPI's answer, and each algorithm's call."""
+
+    def __init__(self, collective: str, comm: MPI.Intracomm, count: int, dtype: np.dtype, op: str, root: int):
+        from .. import allgather, broadcast, reduce_scatter
+
+        self.collective, self.comm, self.op, self.root = collective, comm, op, root
+        lib = self.lib = library_comm(comm)
+        p, rank = lib.nranks, lib.myrank
+        lo, hi = block(count, p, rank)
+        if collective == "reduce_scatter":
+            self.source = local_input(count, dtype, op, rank)
+            self.result = np.empty(hi - lo, dtype)
+            expected = self.source.copy()
+            lib.Allreduce(MPI.IN_PLACE, expected, op=MPI_OPS["sum" if op == "mean" else op])
+            lib.reductions[op].finish(expected)
+            self.expected = expected[lo:hi]
+            lengths = counts(count, p)
+            mpi_op = MPI_OPS["sum" if op == "mean" else op]
+            finish = lib.reductions[op].finish
+            if min(lengths) == max(lengths):
+                self.mpi = lambda: (lib.Reduce_scatter_block(self.source, self.result, mpi_op), finish(self.result))
+            else:
+                self.mpi = lambda: (lib.Reduce_scatter(self.source, self.result, lengths, mpi_op), finish(self.result))
+            self.ours = lambda name: lambda: reduce_scatter(self.source, self.result, op=op, algorithm=name, comm=comm)
+        elif collective == "allgather":
+            self.expected = local_input(count, dtype, "sum", 0)  # the same on every rank
+            self.source = self.expected[lo:hi].copy()
+            self.result = np.empty(count, dtype)
+            lengths = counts(count, p)
+            displs = [block(count, p, r)[0] for r in range(p)]
+            if min(lengths) == max(lengths):
+                self.mpi = lambda: lib.Allgather(self.source, self.result)
+            else:
+                self.mpi = lambda: lib.Allgatherv(self.source, [self.result, (lengths, displs)])
+            self.ours = lambda name: lambda: allgather(self.source, self.result, algorithm=name, comm=comm)
+        else:
+            self.expected = local_input(count, dtype, "sum", root)
+            self.source = local_input(count, dtype, "sum", rank)
+            self.result = self.source.copy()
+            self.mpi = lambda: lib.Bcast(self.result, root)
+            self.ours = lambda name: lambda: broadcast(self.result, root, algorithm=name, comm=comm)
+
+    def restore(self) -> None:
+        """Before a sample: a broadcast's non-root buffers hold their own values again (the others'
+        outputs are overwritten whole by every call)."""
+        if self.collective == "broadcast" and self.lib.myrank != self.root:
+            np.copyto(self.result, self.source)
+
+    def call(self, name: str) -> Callable[[], object]:
+        return self.mpi if name == "mpi" else self.ours(name)
+
+    def wrong(self) -> int:
+        return int(np.count_nonzero(self.result != self.expected))
+
+
+def sweep(collective: str, comm: MPI.Intracomm, sizes: Sequence[int], dtype: np.dtype, op: str, root: int,
+          algorithms: Sequence[str], samples: int, warmup: int, batch: int = 0,
+          on_row: Optional[Callable[[Row], None]] = None) -> List[Row]:
+    """Check then time every algorithm of ``collective`` at every size; every rank returns the
+    same rows. ``size`` in a row is nccl-tests' size for the collective (the whole buffer)."""
+    lib = library_comm(comm)
+    p = lib.nranks
+    rows: List[Row] = []
+    for size in sizes:
+        count = size // dtype.itemsize
+        case = Case(collective, comm, count, dtype, op, root)
+        timed: Dict[str, Callable[[], object]] = {}
+        wrong = []
+        for name in algorithms:
+            call = timed[name] = case.call(name)
+            case.restore()
+            call()  # the first call compiles or loads kernels and allocates scratch: untimed
+            wrong.append(case.wrong())
+        wrong = comm.allreduce(np.array(wrong), op=MPI.SUM).tolist()
+        times, batches = time_calls(timed, case.restore, comm, samples, warmup, batch)
+        for name, bad in zip(algorithms, wrong):
+            t = times[name] * 1e6
+            median = float(np.median(t))
+            algbw = size / median / 1e3 if median > 0 else 0.0
+            row = Row(size, count, dtype.name, op if collective == "reduce_scatter" else "none", name,
+                      chosen(collective, lib, size) if name == "auto" else name, p, median, float(t.min()),
+                      float(t.max()), algbw, algbw * bus_factor(collective, p), int(bad), samples, batches[name])
+            rows.append(row)
+            if on_row:
+                on_row(row)
+        del case
+    return rows

@@ -1,0 +1,108 @@
+"""``allgather``: every rank's block, in rank order, on every rank (``Allgatherv`` when the
+blocks' lengths are not the block rule's)."""
+from typing import Optional, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from ..algorithms import allgather as registry
+from ..blocks import counts as rule_counts
+from ..comm import library_comm
+from .common import (agree, algorithm_name, checking_locally, comm_shape, counts_argument, input_array,
+                     output_array, stall_argument, watched)
+
+CALLER = "allgather"
+
+
+def _local(block, out, counts, algorithm, comm, caller: str):
+    """This rank's call checked locally (``TypeError``/``ValueError`` naming the argument, from
+    ``caller``): ``block`` as a 1-D array, the blocks' lengths (``None``: to be exchanged) and
+    ``out``'s 1-D view (``None`` if not given)."""
+    lengths, result = None, None
+    p, rank = comm_shape(comm, caller)
+    mine = input_array(block, caller, "block")
+    algorithm_name(algorithm, registry.ALGORITHMS, caller)
+    if counts is not None:
+        lengths = counts_argument(counts, p, caller)
+        if lengths[rank] != mine.size:
+            raise ValueError(f"{caller}: block has {mine.size} elements, but counts[{rank}] is {lengths[rank]}")
+    if out is not None:
+        result = input_array(out, caller, "out", writable=True)
+        if lengths is None:
+            lengths = rule_counts(result.size, p)
+            if lengths[rank] != mine.size:
+                raise ValueError(f"{caller}: block has {mine.size} elements, but rank {rank}'s block of out's "
+                                 f"{result.size} over {p} ranks (allreduce_kit.shard_bounds) has "
+                                 f"{lengths[rank]}; pass counts= for blocks of other lengths")
+        result = output_array(out, caller, mine.dtype, sum(lengths), "the blocks together (sum of counts)")
+    return mine, lengths, result
+
+
+def allgather(block: np.ndarray, out: Optional[np.ndarray] = None, *, counts: Optional[Sequence[int]] = None,
+              algorithm: str = "auto", comm: Optional[MPI.Intracomm] = None, check: Optional[bool] = None,
+              stall_timeout: Optional[float] = None) -> np.ndarray:
+    """Gather every rank's ``block`` into ``out`` on every rank, in rank order; return ``out``.
+
+    Collective: every rank of ``comm`` (default ``COMM_WORLD``) calls it with a C-contiguous
+    numpy array ``block`` of one dtype (float32, float64, int32 or int64) and the same
+    ``algorithm`` (``auto`` or a name in ``allreduce_kit.algorithms.allgather.ALGORITHMS``).
+    ``block`` is not modified (it may be ``out``'s own slot, then nothing is copied). Where each
+    rank's block goes:
+
+    - ``out`` given, ``counts`` not: ``out`` has the total length n on every rank and rank r's
+      block is block r of the block rule (``allreduce_kit.shard_bounds(n, p)``), the inverse of
+      ``reduce_scatter``; a ``block`` of another length raises ``ValueError``;
+    - ``counts`` given: rank r's block has ``counts[r]`` elements (the same list on every rank;
+      any lengths, 0 too); ``out``, if given, has ``sum(counts)``;
+    - neither: the ranks tell each other their blocks' lengths first (one small ``Allgather``),
+      and ``out`` is a new array of the total length.
+
+    A malformed call raises ``TypeError`` or ``ValueError`` on the rank that made it, before it
+    sends anything. ``check=True`` (or ``ALLREDUCE_KIT_CHECK=1``) adds one small agreement step
+    so that a call that differs between ranks (dtype, block lengths, algorithm), or is malformed
+    on any rank, raises the same error on every rank; without it such a call is undefined.
+    ``stall_timeout`` as for ``allreduce``.
+    """
+    error = None
+    lengths = None
+    try:
+        mine, lengths, result = _local(block, out, counts, algorithm, comm, CALLER)
+    except (TypeError, ValueError) as malformed:  # raised here, before anything is sent, unless checked
+        if not checking_locally(check):
+            raise
+        error = malformed
+    timeout = stall_argument(stall_timeout, CALLER)
+    lib = library_comm(comm)
+    rank = lib.myrank
+    if error is None:
+        fields = [("block dtype", mine.dtype.str), ("algorithm", algorithm),
+                  ("block lengths", "exchanged" if lengths is None else tuple(lengths))]
+    else:
+        fields = [("block dtype", None), ("algorithm", None), ("block lengths", None)]
+    checked = check or (check is None and lib.check_default)
+    what = f"{CALLER}(algorithm={algorithm!r}, {mine.size if error is None else '?'} x " \
+           f"{mine.dtype if error is None else '?'} on this rank)"
+    with watched(lib, what, timeout):
+        if checked and lib.nranks > 1:
+            agree(lib, CALLER, fields, error)
+        elif error is not None:
+            raise error
+        if lengths is None:  # neither out nor counts: the lengths are exchanged
+            exchanged = np.empty(lib.nranks, np.int64)
+            lib.Allgather(np.array([mine.size], np.int64), exchanged)
+            lengths = [int(n) for n in exchanged]
+        if out is None:
+            out = result = np.empty(sum(lengths), mine.dtype)
+        bounds = [0]
+        for length in lengths:
+            bounds.append(bounds[-1] + length)
+        slot = result[bounds[rank]:bounds[rank + 1]]
+        if slot.ctypes.data != mine.ctypes.data or slot.size != mine.size:
+            if np.may_share_memory(slot, mine) or np.may_share_memory(result, mine):
+                raise ValueError(f"{CALLER}: block overlaps out other than as out's own block {rank}")
+            slot[:] = mine
+        if lib.nranks == 1 or result.size == 0:
+            return out
+        runs = registry.choose(lib, result.nbytes) if algorithm == "auto" else algorithm
+        registry.ALGORITHMS[runs](lib, result, bounds)
+    return out

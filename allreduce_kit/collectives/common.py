@@ -1,0 +1,148 @@
+"""What the collectives share: local argument checks that name the argument, the ``check=True``
+agreement step, the stall inspector's watch, and the settings they read."""
+import zlib
+from contextlib import contextmanager
+from numbers import Integral
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import config, kernels
+from ..comm import LibraryComm
+from ..stall import INSPECTOR
+
+_DTYPES = frozenset(kernels.DTYPES)
+
+
+def input_array(buf, caller: str, name: str = "buf", writable: bool = False) -> np.ndarray:
+    """``buf`` as a 1-D C-contiguous ``numpy.ndarray`` over the same memory (its elements in C
+    order); ``TypeError``/``ValueError`` naming ``name`` say what is wrong."""
+    if not isinstance(buf, np.ndarray):
+        raise TypeError(f"{caller}: {name} must be a numpy.ndarray, got {type(buf).__name__}")
+    if isinstance(buf, np.ma.MaskedArray):
+        raise TypeError(f"{caller}: {name} is a masked array, whose mask a collective cannot honour; "
+                        f"pass {name}.filled(...)")
+    array = buf if type(buf) is np.ndarray else buf.view(np.ndarray)
+    if array.dtype not in _DTYPES:
+        names = ", ".join(d.name for d in kernels.DTYPES)
+        raise TypeError(f"{caller}: {name} has unsupported dtype {array.dtype.str} ({array.dtype}); supported: "
+                        f"{names} in native byte order")
+    if writable and not array.flags.writeable:
+        raise ValueError(f"{caller}: {name} is read-only, but the result is written into it")
+    if not array.flags.c_contiguous:
+        raise ValueError(f"{caller}: {name} must be C-contiguous; pass np.ascontiguousarray({name})")
+    return array.reshape(-1)
+
+
+def output_array(out, caller: str, dtype: np.dtype, size: int, why: str) -> np.ndarray:
+    """``out`` checked as where ``size`` elements of ``dtype`` are written (``why`` says where
+    ``size`` comes from), as a 1-D view."""
+    array = input_array(out, caller, "out", writable=True)
+    if array.dtype != dtype:
+        raise TypeError(f"{caller}: out has dtype {array.dtype}, but the result is {dtype}")
+    if array.size != size:
+        raise ValueError(f"{caller}: out has {array.size} elements, but {why} has {size}")
+    return array
+
+
+def comm_shape(comm, caller: str) -> Tuple[int, int]:
+    """``(size, rank)`` of ``comm`` (default ``COMM_WORLD``), read locally."""
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise TypeError(f"{caller}: comm must be an mpi4py intracommunicator, got {comm!r}")
+    return comm.Get_size(), comm.Get_rank()
+
+
+def algorithm_name(algorithm, names: Sequence[str], caller: str) -> str:
+    """``algorithm`` checked against ``auto`` and the collective's registry ``names``."""
+    if not isinstance(algorithm, str):
+        raise TypeError(f"{caller}: algorithm must be a name such as 'auto' or 'ring', got {type(algorithm).__name__}")
+    if algorithm != "auto" and algorithm not in names:
+        raise ValueError(f"{caller}: unknown algorithm {algorithm!r}; choose 'auto' or one of {', '.join(names)}")
+    return algorithm
+
+
+def rank_argument(value, p: int, caller: str, name: str) -> int:
+    """A rank of a communicator of ``p`` ranks, given as ``name``."""
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{caller}: {name} must be an int, got {type(value).__name__}")
+    if not 0 <= value < p:
+        raise ValueError(f"{caller}: {name} must be a rank in 0..{p - 1}, got {value}")
+    return int(value)
+
+
+def counts_argument(counts, p: int, caller: str) -> List[int]:
+    """``counts``: one non-negative block length per rank."""
+    try:
+        lengths = list(counts)
+    except TypeError:
+        raise TypeError(f"{caller}: counts must be a sequence of {p} ints, got {type(counts).__name__}") from None
+    if len(lengths) != p:
+        raise ValueError(f"{caller}: counts must have one length per rank ({p}), got {len(lengths)}")
+    for length in lengths:
+        if isinstance(length, bool) or not isinstance(length, Integral):
+            raise TypeError(f"{caller}: counts must hold ints, got {type(length).__name__}")
+        if length < 0:
+            raise ValueError(f"{caller}: counts must be >= 0, got {length}")
+    return [int(length) for length in lengths]
+
+
+def stall_argument(value, caller: str) -> Optional[float]:
+    """``stall_timeout`` checked (``None``: the default)."""
+    if value is None:
+        return None
+    try:
+        return config.seconds_argument(value)
+    except (TypeError, ValueError) as bad:
+        raise type(bad)(f"{caller}: stall_timeout: {bad}") from None
+
+
+def checking_locally(check: Optional[bool]) -> bool:
+    """Whether a call with ``check`` agrees before it runs, as known before the communicator."""
+    return bool(check or (check is None and config.read(config.CHECK)))
+
+
+def _code(value) -> int:
+    """An int64 that stands for ``value`` alike on every rank (``hash`` of a str is not)."""
+    if isinstance(value, (int, np.integer)) and -(1 << 62) < value < (1 << 62):
+        return int(value)
+    return zlib.crc32(repr(value).encode())
+
+
+def agree(lib: LibraryComm, caller: str, fields: Sequence[Tuple[str, object]],
+          error: Optional[Exception]) -> None:
+    """Every rank raises if any rank's call differs from the others' or failed validation.
+
+    ``fields``: ``(name, value)`` per thing that must be the same on every rank (the same names
+    on every rank). The common case costs one ``Allreduce`` (MAX) of a few int64 on the library's
+    communicator: the maxima of the fields and of their negations agree only if every rank's
+    fields do. Only when something differs does a pickled ``allgather`` collect the details, so
+    that every rank raises the same ``ValueError`` naming each rank's value.
+    """
+    codes = [1] + [0] * len(fields) if error is not None else [0] + [_code(v) for _, v in fields]
+    signature = np.array(codes + [-c for c in codes], dtype=np.int64)
+    lib.Allreduce(MPI.IN_PLACE, signature, op=MPI.MAX)
+    half = signature.size // 2
+    if signature[0] == 0 and np.array_equal(signature[:half], -signature[half:]):
+        return
+    mine = (type(error).__name__, str(error)) if error is not None else ("", tuple(v for _, v in fields))
+    calls = lib.allgather(mine)
+    if error is not None:
+        raise error
+    failed = [(r, c) for r, c in enumerate(calls) if c[0]]
+    if failed:
+        rank, (kind, message) = failed[0]
+        raise (TypeError if kind == "TypeError" else ValueError)(f"{caller}(check=True): rank {rank} failed: {message}")
+    calls = [c[1] for c in calls]
+    for field, (name, _) in enumerate(fields):
+        if len({c[field] for c in calls}) > 1:
+            per_rank = ", ".join(f"rank {r}: {c[field]!r}" for r, c in enumerate(calls))
+            raise ValueError(f"{caller}(check=True): {name} differs between ranks ({per_rank})")
+
+
+@contextmanager
+def watched(lib: LibraryComm, what: str, timeout: Optional[float]) -> Iterator[None]:
+    """The stall inspector watches the block as the call ``what`` on ``lib``."""
+    with INSPECTOR.watching(lib.watch, what, timeout):
+        yield

@@ -1,0 +1,94 @@
+"""``reduce_scatter``: every rank's buffer reduced, rank r keeping block r of the result."""
+from typing import Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from ..algorithms import reduce_scatter as registry
+from ..blocks import block as block_of
+from ..collective import op_name
+from ..comm import library_comm
+from .common import (agree, algorithm_name, checking_locally, comm_shape, input_array, output_array,
+                     stall_argument, watched)
+
+CALLER = "reduce_scatter"
+#: Scratch slot for the result when ``out`` is ``buf``'s own block.
+_ALIASED = 44
+
+
+def _local(buf, out, op, algorithm, comm, caller: str):
+    """This rank's call checked locally (``TypeError``/``ValueError`` naming the argument, from
+    ``caller``): the array, the op's name, ``out`` (made if ``None``), its 1-D view, whether it is
+    ``buf``'s own block, and the block's bounds."""
+    p, rank = comm_shape(comm, caller)
+    array = input_array(buf, caller)
+    name = op_name(op, caller)
+    algorithm_name(algorithm, registry.ALGORITHMS, caller)
+    lo, hi = block_of(array.size, p, rank)
+    why = f"rank {rank}'s block of buf's {array.size} elements over {p} ranks (allreduce_kit.shard_bounds)"
+    if out is None:
+        out = np.empty(hi - lo, array.dtype)
+    result = output_array(out, caller, array.dtype, hi - lo, why)
+    aliased = np.may_share_memory(result, array)
+    if aliased and not (result.ctypes.data == array.ctypes.data + lo * array.itemsize):
+        raise ValueError(f"{caller}: out overlaps buf other than as buf's own block {rank} (elements {lo}:{hi})")
+    return array, name, out, result, aliased, lo, hi
+
+
+def reduce_scatter(buf: np.ndarray, out: Optional[np.ndarray] = None, *, op: str = "sum", algorithm: str = "auto",
+                   comm: Optional[MPI.Intracomm] = None, check: Optional[bool] = None,
+                   stall_timeout: Optional[float] = None) -> np.ndarray:
+    """Reduce ``buf`` across the ranks of ``comm`` and leave block r of the result in ``out`` on
+    rank r; return ``out``.
+
+    Collective: every rank of ``comm`` (default ``COMM_WORLD``) calls it with a C-contiguous
+    numpy array ``buf`` of the same length n and dtype (float32, float64, int32 or int64), and the
+    same ``op`` (sum, mean, max, min, prod) and ``algorithm`` (``auto`` or a name in
+    ``allreduce_kit.algorithms.reduce_scatter.ALGORITHMS``). Block r is
+    ``buf.reshape(-1)[lo:hi]`` with ``(lo, hi) = allreduce_kit.blocks.block(n, p, r)``
+    (``shard_bounds``): any n works, and some blocks are empty when n < p. ``buf`` is not
+    modified. ``out`` (default: a new array) has block r's length and ``buf``'s dtype; it may be
+    ``buf``'s own block r (the reduced block then replaces it), no other part of ``buf``. Every
+    block is reduced by one rank: integers are exact, floats may differ from ``allreduce``'s in
+    the last bits.
+
+    A malformed call raises ``TypeError`` or ``ValueError`` on the rank that made it, before it
+    sends anything. ``check=True`` (or ``ALLREDUCE_KIT_CHECK=1``) adds one small agreement step
+    so that a call that differs between ranks (length, dtype, op, algorithm), or is malformed on
+    any rank, raises the same error on every rank; without it such a call is undefined.
+    ``stall_timeout`` as for ``allreduce``.
+    """
+    error = None
+    try:
+        array, name, out, result, aliased, lo, hi = _local(buf, out, op, algorithm, comm, CALLER)
+    except (TypeError, ValueError) as malformed:  # raised here, before anything is sent, unless checked
+        if not checking_locally(check):
+            raise
+        error = malformed
+    timeout = stall_argument(stall_timeout, CALLER)
+    lib = library_comm(comm)
+    if error is None:
+        fields = [("buf length", array.size), ("buf dtype", array.dtype.str), ("op", name), ("algorithm", algorithm)]
+    else:
+        fields = [("buf length", None), ("buf dtype", None), ("op", None), ("algorithm", None)]
+    checked = check or (check is None and lib.check_default)
+    runs = algorithm
+    if error is None and algorithm == "auto":
+        runs = registry.choose(lib, array.nbytes)
+    what = f"{CALLER}(algorithm={runs!r}, {array.size if error is None else '?'} x {array.dtype if error is None else '?'})"
+    with watched(lib, what, timeout):
+        if checked and lib.nranks > 1:
+            agree(lib, CALLER, fields, error)
+        elif error is not None:
+            raise error
+        if lib.nranks == 1:
+            if not aliased:
+                result[:] = array
+            return out
+        if array.size == 0:
+            return out
+        target = lib.scratch(result.size, result.dtype, _ALIASED) if aliased else result
+        registry.ALGORITHMS[runs](lib, array, target, lib.reductions[name])
+        if aliased:
+            result[:] = target
+    return out
