@@ -67,14 +67,23 @@ Algorithm = Callable[[LibraryComm, np.ndarray, Reduction], None]
 ALGORITHMS: Dict[str, Algorithm] = {}
 
 
-def register(name: str) -> Callable[[Algorithm], Algorithm]:
-    """Decorator: add an algorithm to ``ALGORITHMS`` under ``name``."""
+def registrar(table: Dict[str, Callable]) -> Callable[[str], Callable[[Callable], Callable]]:
+    """A ``register(name)`` decorator that adds a function to ``table`` under ``name``: each
+    collective's registry (``ALGORITHMS`` here, ``reduce_scatter/``, ``allgather/``,
+    ``broadcast/``) makes its own from its table."""
 
-    def add(fn: Algorithm) -> Algorithm:
-        ALGORITHMS[name] = fn
-        return fn
+    def register(name: str) -> Callable[[Callable], Callable]:
+        def add(fn: Callable) -> Callable:
+            table[name] = fn
+            return fn
 
-    return add
+        return add
+
+    return register
+
+
+#: Decorator: add an allreduce algorithm to ``ALGORITHMS`` under ``name``.
+register = registrar(ALGORITHMS)
 
 
 from . import naive, tree, ring, recursive_doubling, rabenseifner, shared_memory, two_shot, mpi, hierarchical  # noqa: E402,F401  (each module registers itself)

@@ -49,7 +49,7 @@ def _direct(buf, bounds, state, piece, iov, code, divisor):
     rank returns only once every rank has reached ``first + 1``, so has finished reading from it
     and writing into it.
     """
-    rank, size = state[0], state[1]
+    rank = state[0]
     first = direct.begin(state, buf, TAG)
     if direct.wait_all(state, first) != 0:  # every peer has published its buffer, the same as this one
         return direct.MISMATCH

@@ -36,6 +36,7 @@ from typing import Callable, Dict
 import numpy as np
 
 from .. import direct as transport
+from .. import registrar
 from ...comm import LibraryComm
 from ...reduction import Reduction
 
@@ -50,14 +51,8 @@ ALGORITHMS: Dict[str, Algorithm] = {}
 SMALL = 64 << 10
 
 
-def register(name: str) -> Callable[[Algorithm], Algorithm]:
-    """Decorator: add an algorithm to ``ALGORITHMS`` under ``name``."""
-
-    def add(fn: Algorithm) -> Algorithm:
-        ALGORITHMS[name] = fn
-        return fn
-
-    return add
+#: Decorator: add an algorithm to ``ALGORITHMS`` under ``name``.
+register = registrar(ALGORITHMS)
 
 
 def choose(comm: LibraryComm, nbytes: int) -> str:
