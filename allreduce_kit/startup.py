@@ -34,3 +34,27 @@ def numba_without_scipy() -> bool:
         if _BLAS_PROBE in sys.modules and sys.modules[_BLAS_PROBE] is None:
             del sys.modules[_BLAS_PROBE]
     return True
+
+
+def one_rank_compiles() -> int:
+    """Make every numba function of the package's loaded modules compile under the node's lock
+    (``kernels.cache.compiling``); return how many.
+
+    On the first run after installing, no kernel is in numba's cache yet, and every rank of the
+    node would compile the same ones at the same time (8 ranks on 2 cores: four times the wall
+    time of one compile). Under the lock one rank compiles each into the cache while the others
+    wait, then they load it. Once the cache holds them, taking the lock costs microseconds.
+    """
+    from numba.core.dispatcher import Dispatcher
+
+    from .kernels import cache
+
+    done = 0
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "allreduce_kit" or name.startswith("allreduce_kit.")):
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, Dispatcher) and "compile" not in vars(value):
+                cache.one_at_a_time(value)
+                done += 1
+    return done

@@ -281,6 +281,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         stall.set_stall_timeout(args.stall_timeout)
     threads = limit_threads(comm)
     startup.numba_without_scipy()                      # before the first compiled call
+    startup.one_rank_compiles()
     config = config_from(args)
     if args.mode == "async-ps":                        # the parameter-server run
         return async_main.main(args, config, threads, _yield_note(), comm, parser, STARTED)
