@@ -134,16 +134,32 @@ def compiling(lock_file: Path = LOCK) -> Iterator[None]:
                 _fd = None
 
 
+def _in_cache(dispatcher, sig) -> bool:
+    """Whether numba's cache holds ``dispatcher`` for ``sig`` (its index is read, not the code);
+    True where that cannot be told (then nothing waits). Sets numba's compiler up first."""
+    try:
+        context = dispatcher.targetctx
+        context.refresh()                      # numba's set-up (tenths of a second), outside the lock
+        key = dispatcher._cache._index_key(sig, context.codegen())
+        return key in dispatcher._cache._cache_file._load_index()
+    except Exception:                          # no cache for it, or another numba's internals
+        return True
+
+
 def one_at_a_time(dispatcher, lock_file: Path = LOCK):
-    """Make ``dispatcher`` (a numba function) compile, or load from the cache, under ``compiling``:
-    a signature's first use in the process waits while another process of the node compiles."""
+    """Make ``dispatcher`` (a numba function) compile under ``compiling`` a signature that numba's
+    cache does not hold yet: its first use waits while another process of the node compiles it,
+    then loads it. A signature the cache holds is loaded without the lock, as before."""
     from numba.core.compiler_lock import global_compiler_lock
 
     plain = dispatcher.compile
 
     def compile(sig):
-        with global_compiler_lock, compiling(lock_file):   # numba's lock first: one order on every path
-            return plain(sig)
+        with global_compiler_lock:             # numba's lock first: one order on every path
+            if _in_cache(dispatcher, sig):
+                return plain(sig)
+            with compiling(lock_file):
+                return plain(sig)
 
     dispatcher.compile = compile
     return dispatcher
