@@ -43,7 +43,7 @@ def one_rank_compiles() -> int:
     On the first run after installing, no kernel is in numba's cache yet, and every rank of the
     node would compile the same ones at the same time (8 ranks on 2 cores: four times the wall
     time of one compile). Under the lock one rank compiles each into the cache while the others
-    wait, then they load it. Once the cache holds them, taking the lock costs microseconds.
+    wait, then they load it. A kernel the cache holds is loaded without the lock.
     """
     from numba.core.dispatcher import Dispatcher
 
