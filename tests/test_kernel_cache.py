@@ -56,3 +56,38 @@ def test_where_no_stamp_can_be_kept_nothing_is_dropped(tmp_path):
 
 def test_the_installed_package_has_a_current_stamp():
     assert cache.STAMP.is_file() and cache.STAMP.read_text().split()[1] == cache.stamp()
+
+
+RACE = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+import numpy as np
+import kernel
+from allreduce_kit.kernels import cache
+if sys.argv[3] == "locked":
+    cache.one_at_a_time(kernel.scale, Path(sys.argv[1]) / "compile.lock")
+Path(sys.argv[1], "ready-" + sys.argv[2]).touch()
+while len(list(Path(sys.argv[1]).glob("ready-*"))) < 2:     # start together, as the ranks of a job do
+    time.sleep(0.001)
+print(kernel.scale(np.ones(3)).sum())
+"""
+
+
+def _race(tmp_path, mode):
+    import subprocess
+    import sys
+
+    (tmp_path / "kernel.py").write_text("from numba import njit\n\n\n@njit(cache=True)\n"
+                                        "def scale(a):\n    return a * 2.0 + np.sin(a) * 0.0\n\n\nimport numpy as np\n")
+    env = dict(os.environ, NUMBA_DEBUG_CACHE="1")
+    runs = [subprocess.Popen([sys.executable, "-c", RACE, str(tmp_path), str(i), mode], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, env=env) for i in range(2)]
+    outputs = [run.communicate(timeout=300)[0] for run in runs]
+    assert all(run.returncode == 0 and "6.0" in out for run, out in zip(runs, outputs)), outputs
+    return [out.count("data saved") for out in outputs]
+
+
+def test_processes_that_start_together_compile_a_kernel_once(tmp_path):
+    """Under the node's lock the first process compiles into the cache and the other loads it."""
+    assert sorted(_race(tmp_path, "locked")) == [0, 1]

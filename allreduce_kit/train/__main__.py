@@ -7,6 +7,7 @@ import time
 STARTED = time.perf_counter()                          # the summary's wall time counts from here
 
 if __name__ == "__main__":  # abort-on-error and heavy yield, asked for before MPI starts
+    import gc
     import sys
 
     from ..run import prepare, ulfm_launched
@@ -16,6 +17,10 @@ if __name__ == "__main__":  # abort-on-error and heavy yield, asked for before M
 
         sys.exit(supervise(sys.argv[1:]))
     prepare()
+    # Set-up makes hundreds of thousands of objects that live until the end (numba's tables,
+    # the modules): the collector, held until main() freezes them, would traverse them again
+    # and again while they are made (about 0.05 s of CPU per rank; docs/training.md).
+    gc.disable()
 
 import argparse  # noqa: E402
 import gc  # noqa: E402
@@ -25,7 +30,7 @@ from typing import List, Optional, Set  # noqa: E402
 
 from mpi4py import MPI  # noqa: E402
 
-from .. import run, stall  # noqa: E402
+from .. import run, stall, startup  # noqa: E402
 from ..cli import settings_problem  # noqa: E402
 from ..algorithms import ALGORITHMS
 from ..cli import RankZeroParser, is_root, outputs_problem, plural, say, write_json
@@ -310,6 +315,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.stall_timeout is not None:
         stall.set_stall_timeout(args.stall_timeout)
     threads = limit_threads(comm)
+    startup.numba_without_scipy()                      # before the first compiled call
+    startup.one_rank_compiles()
     config = config_from(args)
     if args.mode == "async-ps":                        # the parameter-server run
         return async_main.main(args, config, threads, _yield_note(), comm, parser, STARTED)
@@ -323,6 +330,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     # process ends: taken out of the garbage collector's sight, it is not traversed again by
     # the collections during the run and at exit (about 0.25 s of CPU per rank; docs/training.md).
     gc.freeze()
+    gc.enable()                                      # held since the start (see the top)
     config = trainer.config                          # --batch-size lowered to the shard, if it was larger
     ranks = trainer.ranks
     yield_state = os.environ.get(run.HEAVY_YIELD, "unset")

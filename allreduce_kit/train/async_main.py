@@ -146,6 +146,7 @@ def main(args, config: Config, threads: int, yield_note: str, comm: MPI.Intracom
     if config.straggler:
         say(f"injected straggler: worker rank {config.straggler[0]} +{config.straggler[1]:g} ms per gradient")
     gc.freeze()                                  # as the synchronous CLI does: see its main
+    gc.enable()
     result = run(config, options, comm, dataset, on_epoch=lambda e: say(report.epoch_line(e, config.epochs)))
     if not is_root():
         return 0
