@@ -17,6 +17,7 @@ from mpi4py import MPI
 from . import config
 from .collective import allreduce, array_of, validate
 from .comm import library_comm
+from .progress import IN_FLIGHT, wait_turn
 from .plans import bucket_plans
 from .stall import INSPECTOR
 
@@ -134,6 +135,8 @@ def broadcast_parameters(buf: np.ndarray, root: int = 0, comm: Optional[MPI.Intr
     lib = library_comm(comm)
     if not 0 <= root < lib.nranks:
         raise ValueError(f"broadcast_parameters: root {root} is not a rank of comm (size {lib.nranks})")
+    if IN_FLIGHT[0]:  # after the nonblocking calls started before it, at any rank count
+        wait_turn()
     if lib.nranks > 1 and array.size:
         timeout = None if stall_timeout is None else config.seconds_argument(stall_timeout)
         with INSPECTOR.watching(lib.watch, f"broadcast_parameters(root={root}, {array.size} x {array.dtype})",
