@@ -4,6 +4,7 @@ gets a clear error at once, and the communicator stays usable for the calls that
 """
 
 FIRST_CALL_FROM_TWO_THREADS = """
+import sys
 import threading
 import time
 import numpy as np
@@ -34,8 +35,11 @@ if rank == 0:          # thread a is setting up (waiting there for rank 1) when 
 else:
     MPI.COMM_WORLD.recv(source=0)          # only then does rank 1 come to the set-up
     first_call()
-print("rank", rank, "outcomes", sorted(outcomes, key=str), flush=True)
-print("later", rank, allreduce(np.ones(10))[0], allreduce(np.ones(10), algorithm="ring")[0], flush=True)
+# one write per line: the ranks' lines reach the launcher's output whole, never interleaved
+sys.stdout.write(f"rank {rank} outcomes {sorted(outcomes, key=str)}\\n")
+sys.stdout.flush()
+sys.stdout.write(f"later {rank} {allreduce(np.ones(10))[0]} {allreduce(np.ones(10), algorithm='ring')[0]}\\n")
+sys.stdout.flush()
 """
 
 

@@ -208,15 +208,16 @@ def test_ranks_in_one_call_that_disagree_on_it_are_named_and_the_job_ends(mpirun
     result = mpirun(3, [script, mode, first, others, size], timeout=90, via_mpi4py=False,
                     env={"ALLREDUCE_KIT_STALL_TIMEOUT": "2"})
     assert result.returncode != 0
-    assert "the ranks are in different calls at this call's number" in result.stderr, result.stderr[-3000:]
     if mode == "algorithms":
+        assert "the ranks are in different calls at this call's number" in result.stderr, result.stderr[-3000:]
         assert f"rank 0: allreduce(algorithm={first!r}, {size} x float32); rank 1: allreduce(algorithm={others!r}, " \
                f"{size} x float32)" in result.stderr, result.stderr[-3000:]
     else:
-        described = {"allgather": "allgather: exchanging shapes", "barrier": "barrier",
-                     "allreduce": "allreduce(algorithm='auto', 3 x float32, op='mean')"}
-        assert f"rank 0: {described[first]}; rank 1: {described[others]}; rank 2: {described[others]})" \
-            in result.stderr, result.stderr[-3000:]
+        # ``barrier`` runs on a communicator of its own (it does not wait for calls in flight, as
+        # Horovod's does not): on the collectives' communicator the ranks in it never reach rank
+        # 0's call, and on the barrier's rank 0 never arrives; whichever is seen first is named
+        assert ("missing ranks (have not reached this call): [1, 2]" in result.stderr
+                or "missing ranks (have not reached this call): [0]" in result.stderr), result.stderr[-3000:]
     assert "slow, not stuck" not in result.stderr
     assert "finished" not in result.stdout
     assert time.time() - started < 60
