@@ -8,8 +8,8 @@ from mpi4py import MPI
 from ..algorithms import allgather as registry
 from ..blocks import counts as rule_counts
 from ..comm import library_comm
-from .common import (agree, algorithm_name, checking_locally, comm_shape, counts_argument, input_array,
-                     output_array, stall_argument, watched)
+from .common import (algorithm_name, checking_locally, comm_shape, counts_argument, input_array,
+                     output_array, settle, stall_argument, watched)
 
 CALLER = "allgather"
 
@@ -79,14 +79,10 @@ def allgather(block: np.ndarray, out: Optional[np.ndarray] = None, *, counts: Op
                   ("block lengths", "exchanged" if lengths is None else tuple(lengths))]
     else:
         fields = [("block dtype", None), ("algorithm", None), ("block lengths", None)]
-    checked = check or (check is None and lib.check_default)
     what = f"{CALLER}(algorithm={algorithm!r}, {mine.size if error is None else '?'} x " \
            f"{mine.dtype if error is None else '?'} on this rank)"
     with watched(lib, what, timeout):
-        if checked and lib.nranks > 1:
-            agree(lib, CALLER, fields, error)
-        elif error is not None:
-            raise error
+        settle(lib, CALLER, fields, error, check)
         if lengths is None:  # neither out nor counts: the lengths are exchanged
             exchanged = np.empty(lib.nranks, np.int64)
             lib.Allgather(np.array([mine.size], np.int64), exchanged)

@@ -6,8 +6,8 @@ from mpi4py import MPI
 
 from ..algorithms import broadcast as registry
 from ..comm import library_comm
-from .common import (agree, algorithm_name, checking_locally, comm_shape, input_array, rank_argument,
-                     stall_argument, watched)
+from .common import (algorithm_name, checking_locally, comm_shape, input_array, rank_argument,
+                     settle, stall_argument, watched)
 
 CALLER = "broadcast"
 
@@ -52,17 +52,13 @@ def broadcast(buf: np.ndarray, root: int = 0, *, algorithm: str = "auto", comm: 
                   ("algorithm", algorithm)]
     else:
         fields = [("buf length", None), ("buf dtype", None), ("root", None), ("algorithm", None)]
-    checked = check or (check is None and lib.check_default)
     runs = algorithm
     if error is None and algorithm == "auto":
         runs = registry.choose(lib, array.nbytes)
     what = f"{CALLER}(algorithm={runs!r}, root={root}, {array.size if error is None else '?'} x " \
            f"{array.dtype if error is None else '?'})"
     with watched(lib, what, timeout):
-        if checked and lib.nranks > 1:
-            agree(lib, CALLER, fields, error)
-        elif error is not None:
-            raise error
+        settle(lib, CALLER, fields, error, check)
         if lib.nranks > 1 and array.size:
             registry.ALGORITHMS[runs](lib, array, root)
     return buf

@@ -110,6 +110,16 @@ def _code(value) -> int:
     return zlib.crc32(repr(value).encode())
 
 
+def settle(lib: LibraryComm, caller: str, fields: Sequence[Tuple[str, object]], error: Optional[Exception],
+           check: Optional[bool]) -> None:
+    """Before a collective runs: with ``check`` (or the communicator's default) and more than one
+    rank, ``agree`` on ``fields``; otherwise raise this rank's local ``error``, if any."""
+    if (check or (check is None and lib.check_default)) and lib.nranks > 1:
+        agree(lib, caller, fields, error)
+    elif error is not None:
+        raise error
+
+
 def agree(lib: LibraryComm, caller: str, fields: Sequence[Tuple[str, object]],
           error: Optional[Exception]) -> None:
     """Every rank raises if any rank's call differs from the others' or failed validation.

@@ -8,8 +8,8 @@ from ..algorithms import reduce_scatter as registry
 from ..blocks import block as block_of
 from ..collective import op_name
 from ..comm import library_comm
-from .common import (agree, algorithm_name, checking_locally, comm_shape, input_array, output_array,
-                     stall_argument, watched)
+from .common import (algorithm_name, checking_locally, comm_shape, input_array, output_array,
+                     settle, stall_argument, watched)
 
 CALLER = "reduce_scatter"
 #: Scratch slot for the result when ``out`` is ``buf``'s own block.
@@ -18,8 +18,8 @@ _ALIASED = 44
 
 def _local(buf, out, op, algorithm, comm, caller: str):
     """This rank's call checked locally (``TypeError``/``ValueError`` naming the argument, from
-    ``caller``): the array, the op's name, ``out`` (made if ``None``), its 1-D view, whether it is
-    ``buf``'s own block, and the block's bounds."""
+    ``caller``): the array, the op's name, ``out`` (made if ``None``), its 1-D view, and whether it is
+    ``buf``'s own block."""
     p, rank = comm_shape(comm, caller)
     array = input_array(buf, caller)
     name = op_name(op, caller)
@@ -32,7 +32,7 @@ def _local(buf, out, op, algorithm, comm, caller: str):
     aliased = np.may_share_memory(result, array)
     if aliased and not (result.ctypes.data == array.ctypes.data + lo * array.itemsize):
         raise ValueError(f"{caller}: out overlaps buf other than as buf's own block {rank} (elements {lo}:{hi})")
-    return array, name, out, result, aliased, lo, hi
+    return array, name, out, result, aliased
 
 
 def reduce_scatter(buf: np.ndarray, out: Optional[np.ndarray] = None, *, op: str = "sum", algorithm: str = "auto",
@@ -60,7 +60,7 @@ def reduce_scatter(buf: np.ndarray, out: Optional[np.ndarray] = None, *, op: str
     """
     error = None
     try:
-        array, name, out, result, aliased, lo, hi = _local(buf, out, op, algorithm, comm, CALLER)
+        array, name, out, result, aliased = _local(buf, out, op, algorithm, comm, CALLER)
     except (TypeError, ValueError) as malformed:  # raised here, before anything is sent, unless checked
         if not checking_locally(check):
             raise
@@ -71,16 +71,12 @@ def reduce_scatter(buf: np.ndarray, out: Optional[np.ndarray] = None, *, op: str
         fields = [("buf length", array.size), ("buf dtype", array.dtype.str), ("op", name), ("algorithm", algorithm)]
     else:
         fields = [("buf length", None), ("buf dtype", None), ("op", None), ("algorithm", None)]
-    checked = check or (check is None and lib.check_default)
     runs = algorithm
     if error is None and algorithm == "auto":
         runs = registry.choose(lib, array.nbytes)
     what = f"{CALLER}(algorithm={runs!r}, {array.size if error is None else '?'} x {array.dtype if error is None else '?'})"
     with watched(lib, what, timeout):
-        if checked and lib.nranks > 1:
-            agree(lib, CALLER, fields, error)
-        elif error is not None:
-            raise error
+        settle(lib, CALLER, fields, error, check)
         if lib.nranks == 1:
             if not aliased:
                 result[:] = array
