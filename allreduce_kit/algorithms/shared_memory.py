@@ -62,6 +62,29 @@ def _wait_all(flags, line, size, gen, wait):
 
 
 @njit(cache=True, nogil=True)
+def arrive(state, gen, signed, first):
+    """Round ``gen``: this rank's slot is written; raise its flag to ``gen`` and wait until every
+    rank has raised theirs. In a call's ``first`` round the rank also publishes ``signed`` (its
+    ``signature.word``, beside its flag, in a word of the round's set) and compares every rank's
+    with it: 0, or -1 if one differs (every rank finds that, at the same round). The collectives
+    on the window (``allreduce``'s ``shared_memory``, and ``shared_memory`` of ``reduce_scatter``,
+    ``allgather`` and ``broadcast``) each go through their rounds with it, so calls of any of them
+    may follow each other on one window."""
+    rank, size, flags, wait = state[0], state[1], state[2], state[3]
+    if first:
+        store_release(flags + _LINE * 2 * rank + 8 + 8 * (gen & 1), signed)
+    raise_flag(flags + _LINE * 2 * rank, gen, wait)
+    _wait_all(flags, 0, size, gen, wait)
+    if first:
+        same = True
+        for k in range(size):
+            same &= load_acquire(flags + _LINE * 2 * k + 8 + 8 * (gen & 1)) == signed
+        if not same:
+            return -1
+    return 0
+
+
+@njit(cache=True, nogil=True)
 def _allreduce(buf, slots, state, code, divisor):
     """Reduce ``buf`` in place with every rank of the window (``code``: ``kernels.OP_CODES``;
     ``divisor``: divide the result by it unless 0); 0, or -1 if the ranks' buffers differ.
@@ -89,17 +112,9 @@ def _allreduce(buf, slots, state, code, divisor):
         gen += 1
         base = (gen & 1) * size * per_slot
         _loops.copy(slots[base + rank * per_slot:base + rank * per_slot + m], buf[start:stop])
-        if start == 0:
-            store_release(flags + _LINE * 2 * rank + 8 + 8 * (gen & 1), signed)
-        raise_flag(flags + _LINE * 2 * rank, gen, wait)
-        _wait_all(flags, 0, size, gen, wait)
-        if start == 0:
-            same = True
-            for k in range(size):
-                same &= load_acquire(flags + _LINE * 2 * k + 8 + 8 * (gen & 1)) == signed
-            if not same:
-                state[4] = gen
-                return -1
+        if arrive(state, gen, signed, start == 0) != 0:
+            state[4] = gen
+            return -1
         if m * buf.itemsize >= scatter_from:
             a, b = rank * m // size, (rank + 1) * m // size  # this rank's block (blocks.py)
             mine = slots[base + a:base + b]
@@ -197,11 +212,18 @@ def fallback(nbytes: int) -> str:
     return "recursive_doubling" if nbytes <= FALLBACK_SPLIT else "rabenseifner"
 
 
-@register("shared_memory")
-def allreduce(comm, buf, op):
+def window_of(comm) -> Optional[Window]:
+    """``comm``'s ``Window``, made on the first call (collective then), or ``None`` where its ranks
+    are not all on one node."""
     window = comm.state.get(Window, False)
     if window is False:
         window = comm.attach(Window, window_for)
+    return window
+
+
+@register("shared_memory")
+def allreduce(comm, buf, op):
+    window = window_of(comm)
     if window is None or op.code is None:
         ALGORITHMS[fallback(buf.nbytes)](comm, buf, op, "shared_memory")
     elif _allreduce(buf, window.slots(buf.dtype), window.state, op.code, op.divisor) != 0:

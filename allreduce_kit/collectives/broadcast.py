@@ -52,13 +52,13 @@ def broadcast(buf: np.ndarray, root: int = 0, *, algorithm: str = "auto", comm: 
                   ("algorithm", algorithm)]
     else:
         fields = [("buf length", None), ("buf dtype", None), ("root", None), ("algorithm", None)]
-    runs = algorithm
-    if error is None and algorithm == "auto":
-        runs = registry.choose(lib, array.nbytes)
-    what = f"{CALLER}(algorithm={runs!r}, root={root}, {array.size if error is None else '?'} x " \
+    what = f"{CALLER}(algorithm={algorithm!r}, root={root}, {array.size if error is None else '?'} x " \
            f"{array.dtype if error is None else '?'})"
     with watched(lib, what, timeout):
         settle(lib, CALLER, fields, error, check)
         if lib.nranks > 1 and array.size:
+            # chosen once the ranks are known to agree: the first choice on a communicator may set
+            # up its window or direct reads, collectively
+            runs = registry.choose(lib, array.nbytes) if algorithm == "auto" else algorithm
             registry.ALGORITHMS[runs](lib, array, root)
     return buf

@@ -71,10 +71,7 @@ def reduce_scatter(buf: np.ndarray, out: Optional[np.ndarray] = None, *, op: str
         fields = [("buf length", array.size), ("buf dtype", array.dtype.str), ("op", name), ("algorithm", algorithm)]
     else:
         fields = [("buf length", None), ("buf dtype", None), ("op", None), ("algorithm", None)]
-    runs = algorithm
-    if error is None and algorithm == "auto":
-        runs = registry.choose(lib, array.nbytes)
-    what = f"{CALLER}(algorithm={runs!r}, {array.size if error is None else '?'} x {array.dtype if error is None else '?'})"
+    what = f"{CALLER}(algorithm={algorithm!r}, {array.size if error is None else '?'} x {array.dtype if error is None else '?'})"
     with watched(lib, what, timeout):
         settle(lib, CALLER, fields, error, check)
         if lib.nranks == 1:
@@ -84,6 +81,9 @@ def reduce_scatter(buf: np.ndarray, out: Optional[np.ndarray] = None, *, op: str
         if array.size == 0:
             return out
         target = lib.scratch(result.size, result.dtype, _ALIASED) if aliased else result
+        # chosen once the ranks are known to agree: the first choice on a communicator may set up
+        # its window or direct reads, collectively
+        runs = registry.choose(lib, array.nbytes) if algorithm == "auto" else algorithm
         registry.ALGORITHMS[runs](lib, array, target, lib.reductions[name])
         if aliased:
             result[:] = target

@@ -22,6 +22,10 @@ name                     what it does                               when it is t
                          rank; on one node written straight into    copy per peer, no intermediate
                          the peers' ``out`` (``two_shot``'s second  buffer, one wait at the start and
                          shot), else p-1 exchanges of messages      one at the end
+``shared_memory``        every rank copies its block into its slot  small messages on one node: no
+                         of the node's shared window, then every    messages, one copy in and p-1
+                         other rank's out of theirs; on several     out per rank
+                         nodes ``recursive_doubling``
 ``mpi``                  MPI's own ``Allgather`` (blocks of one     the oracle and the yardstick
                          length) or ``Allgatherv``
 =======================  =========================================  =================================
@@ -33,6 +37,7 @@ from typing import Callable, Dict, Sequence
 import numpy as np
 
 from .. import direct as transport
+from ..shared_memory import window_of
 from .. import registrar
 from ...comm import LibraryComm
 
@@ -41,7 +46,8 @@ Algorithm = Callable[[LibraryComm, np.ndarray, Sequence[int]], None]
 #: name -> algorithm; ``allgather(..., algorithm=name)`` looks names up here.
 ALGORITHMS: Dict[str, Algorithm] = {}
 
-#: ``auto``'s table: below this many bytes of ``out`` recursive doubling; from it ``pairwise``
+#: ``auto``'s table: below this many bytes of ``out`` ``shared_memory`` on one
+#: node, else recursive doubling; from it ``pairwise``
 #: where the ranks can write into each other's memory (one node), else the ring. A first table:
 #: the bench (``--collective allgather``) is the command to refine it.
 SMALL = 64 << 10
@@ -54,8 +60,8 @@ register = registrar(ALGORITHMS)
 def choose(comm: LibraryComm, nbytes: int) -> str:
     """``auto``'s algorithm for an ``out`` of ``nbytes`` on ``comm`` (the same on every rank)."""
     if nbytes < SMALL:
-        return "recursive_doubling"
+        return "shared_memory" if window_of(comm) is not None else "recursive_doubling"
     return "pairwise" if transport.peers_for(comm) is not None else "ring"
 
 
-from . import ring, recursive_doubling, pairwise, mpi  # noqa: E402,F401  (each module registers itself)
+from . import ring, recursive_doubling, pairwise, shared_memory, mpi  # noqa: E402,F401  (each module registers itself)

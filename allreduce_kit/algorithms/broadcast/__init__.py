@@ -17,8 +17,13 @@ name                    what it does                                when it is t
                         ``ring``)                                   neighbour per step
                                                                     (van de Geijn's)
 ``direct``              on one node every rank reads the root's     large messages on one node: one
-                        buffer straight out of its memory, all at   copy per rank, all at once, no
-                        once; elsewhere ``binomial``                intermediate buffer
+                        buffer straight out of its memory but one   copy per byte, every rank's core
+                        block, which the root writes into it;       copying (the root's too), no
+                        elsewhere ``binomial``                      intermediate buffer
+``shared_memory``       the root copies ``buf`` into its slot of    small messages on one node: no
+                        the node's shared window, every other rank  messages, one copy in and one
+                        copies it out; on several nodes             out per rank
+                        ``binomial``
 ``mpi``                 MPI's own ``Bcast``                         the oracle and the yardstick
 ======================  ==========================================  =================================
 
@@ -29,6 +34,7 @@ from typing import Callable, Dict
 import numpy as np
 
 from .. import direct as transport
+from ..shared_memory import window_of
 from .. import registrar
 from ...comm import LibraryComm
 
@@ -37,10 +43,9 @@ Algorithm = Callable[[LibraryComm, np.ndarray, int], None]
 #: name -> algorithm; ``broadcast(..., algorithm=name)`` looks names up here.
 ALGORITHMS: Dict[str, Algorithm] = {}
 
-#: ``auto``'s table: below this many bytes, or below 4 ranks, the binomial tree (at 2 ranks it
-#: is one message, and scatter-allgather the tree with an extra step); from it ``direct`` where
-#: the ranks can read each other's memory (one node), else scatter-allgather. A first table: the
-#: bench (``--collective broadcast``) is the command to refine it.
+#: ``auto``'s table: below this many bytes ``shared_memory`` on one node, else the binomial
+#: tree; from it ``direct`` where the ranks can read each other's memory (one node), else
+#: scatter-allgather. The bench (``--collective broadcast``) is the command to refine it.
 SMALL = 64 << 10
 
 
@@ -51,10 +56,8 @@ register = registrar(ALGORITHMS)
 def choose(comm: LibraryComm, nbytes: int) -> str:
     """``auto``'s algorithm for a buffer of ``nbytes`` on ``comm`` (the same on every rank)."""
     if nbytes < SMALL:
-        return "binomial"
-    if comm.nranks < 4:
-        return "binomial"
+        return "shared_memory" if window_of(comm) is not None else "binomial"
     return "direct" if transport.peers_for(comm) is not None else "scatter_allgather"
 
 
-from . import binomial, scatter_allgather, direct, mpi  # noqa: E402,F401  (each module registers itself)
+from . import binomial, scatter_allgather, direct, shared_memory, mpi  # noqa: E402,F401  (each module registers itself)

@@ -1,26 +1,46 @@
-"""Broadcast by direct reads on one node: every rank reads the root's buffer straight out of its
-memory (``direct.py``), one copy each, all at once; the root waits until all have. Across nodes,
-or where direct reads cannot be used, the binomial tree (``binomial.py``)."""
+"""Broadcast by direct reads and writes on one node (``direct.py``): the root's buffer is split
+into p blocks (``blocks.shard_bounds``); every other rank r reads every block but block r
+straight out of the root's memory, while the root writes block r straight into rank r's
+buffer. Every rank copies about (p-1)/p of the buffer, all at once, one copy per byte and no
+intermediate buffer: with no more ranks than cores the root's core copies too, where a plain
+read by every rank would leave it waiting. The root waits until every rank has its copy.
+Across nodes, or where direct reads cannot be used, the binomial tree (``binomial.py``)."""
+import numpy as np
 from numba import njit
 
 from . import register
 from .. import direct
 from ..signature import mismatch
+from ...blocks import shard_bounds
 from .binomial import broadcast as binomial
 
 TAG = 209
 
 
 @njit(cache=True, nogil=True)
-def _direct(buf, root, state, iov):
-    """0, -1 if a read failed, ``direct.MISMATCH`` if the ranks' buffers differ."""
-    first = direct.begin(state, buf, TAG)
-    if state[0] != root:
+def _direct(buf, root, bounds, state, iov):
+    """0, -1 if a transfer failed, ``direct.MISMATCH`` if the ranks' buffers differ."""
+    rank, size = state[0], state[1]
+    first = direct.begin(state, buf, TAG + 64 * root)
+    if rank == root:
+        if direct.wait_all(state, first) != 0:  # every rank has published its buffer, the same as the root's
+            return direct.MISMATCH
+        for k in range(1, size):
+            peer = (rank + k) % size
+            lo, hi = bounds[peer], bounds[peer + 1]
+            if hi > lo and direct.push(state, peer, buf[lo:hi], direct.address_of(state, peer) + lo * buf.itemsize,
+                                       iov) != 0:
+                return -1
+    else:
         address = direct.reach(state, root, first)
         if address < 0:
             return direct.MISMATCH
-        if direct.pull(state, root, buf, address, iov) != 0:
-            return -1
+        for k in range(size):
+            block = (rank + 1 + k) % size
+            lo, hi = bounds[block], bounds[block + 1]
+            if block != rank and hi > lo and direct.pull(state, root, buf[lo:hi], address + lo * buf.itemsize,
+                                                         iov) != 0:
+                return -1
     return direct.leave(state, first)
 
 
@@ -30,9 +50,10 @@ def broadcast(comm, buf, root):
     if peers is None:
         binomial(comm, buf, root)
         return
-    done = _direct(buf, root, peers.state, peers.iov)
+    bounds = np.asarray(shard_bounds(buf.size, comm.nranks), np.int64)
+    done = _direct(buf, root, bounds, peers.state, peers.iov)
     if done == direct.MISMATCH:
         raise mismatch(comm, buf, "direct")
     if done != 0:
-        raise RuntimeError(f"broadcast(algorithm='direct'): reading the root's buffer failed on rank {comm.myrank}; "
-                           f"set {direct.ENV}=0 to use messages")
+        raise RuntimeError(f"broadcast(algorithm='direct'): reading the root's buffer or writing a rank's failed on "
+                           f"rank {comm.myrank}; set {direct.ENV}=0 to use messages")

@@ -25,6 +25,11 @@ name                   what it does                                 when it is t
                        of the peers' buffers a cached piece at a    wait at the start, one at the
                        time (``two_shot``'s first shot), else p-1   end, no partial sums passed on
                        exchanges of messages
+``shared_memory``      every rank copies ``buf`` into its slot of   small messages on one node: no
+                       the node's shared window (``allreduce``'s    messages, one copy in and one
+                       ``shared_memory``), then folds its block     fold per rank, the same folds as
+                       out of every slot, in rank order; on         ``allreduce``'s
+                       several nodes ``recursive_halving``          ``shared_memory``
 ``mpi``                MPI's own ``Reduce_scatter_block`` (blocks   the oracle and the yardstick
                        of one length) or ``Reduce_scatter``
 =====================  ===========================================  =================================
@@ -36,6 +41,7 @@ from typing import Callable, Dict
 import numpy as np
 
 from .. import direct as transport
+from ..shared_memory import window_of
 from .. import registrar
 from ...comm import LibraryComm
 from ...reduction import Reduction
@@ -45,7 +51,8 @@ Algorithm = Callable[[LibraryComm, np.ndarray, np.ndarray, Reduction], None]
 #: name -> algorithm; ``reduce_scatter(..., algorithm=name)`` looks names up here.
 ALGORITHMS: Dict[str, Algorithm] = {}
 
-#: ``auto``'s table: below this many bytes of ``buf`` recursive halving; from it ``pairwise`` where
+#: ``auto``'s table: below this many bytes of ``buf`` ``shared_memory`` on one
+#: node, else recursive halving; from it ``pairwise`` where
 #: the ranks can read each other's memory (one node), else the ring. A first table: the bench
 #: (``--collective reduce_scatter``) is the command to refine it.
 SMALL = 64 << 10
@@ -58,8 +65,8 @@ register = registrar(ALGORITHMS)
 def choose(comm: LibraryComm, nbytes: int) -> str:
     """``auto``'s algorithm for a buffer of ``nbytes`` on ``comm`` (the same on every rank)."""
     if nbytes < SMALL:
-        return "recursive_halving"
+        return "shared_memory" if window_of(comm) is not None else "recursive_halving"
     return "pairwise" if transport.peers_for(comm) is not None else "ring"
 
 
-from . import ring, recursive_halving, pairwise, mpi  # noqa: E402,F401  (each module registers itself)
+from . import ring, recursive_halving, pairwise, shared_memory, mpi  # noqa: E402,F401  (each module registers itself)
