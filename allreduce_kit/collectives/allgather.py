@@ -6,9 +6,11 @@ import numpy as np
 from mpi4py import MPI
 
 from ..algorithms import allgather as registry
+from ..algorithms.allgather import shared_memory
 from ..blocks import counts as rule_counts
 from ..comm import library_comm
-from .common import (algorithm_name, checking_locally, comm_shape, counts_argument, input_array,
+from ..progress import IN_FLIGHT
+from .common import (Again, algorithm_name, checking_locally, comm_shape, counts_argument, input_array, keeps,
                      output_array, settle, stall_argument, watched)
 
 CALLER = "allgather"
@@ -63,6 +65,13 @@ def allgather(block: np.ndarray, out: Optional[np.ndarray] = None, *, counts: Op
     on any rank, raises the same error on every rank; without it such a call is undefined.
     ``stall_timeout`` as for ``allreduce``.
     """
+    again = _LAST[0]
+    if (again is not None and again.first() is block and again.second() is out and again.key is algorithm
+            and counts is None and comm is None and check is None and stall_timeout is None and not IN_FLIGHT[0]
+            and block.shape == again.shapes[0] and out.shape == again.shapes[1] and block.dtype is again.dtype
+            and out.dtype is again.dtype and block.flags.c_contiguous and out.flags.carray):
+        again(block, out)
+        return out
     error = None
     lengths = None
     try:
@@ -101,4 +110,29 @@ def allgather(block: np.ndarray, out: Optional[np.ndarray] = None, *, counts: Op
             return out
         runs = registry.choose(lib, result.nbytes) if algorithm == "auto" else algorithm
         registry.ALGORITHMS[runs](lib, result, bounds)
+    if (counts is None and keeps(lib, comm, check, stall_timeout) and type(block) is np.ndarray and block.ndim == 1
+            and type(out) is np.ndarray and out.ndim == 1):
+        _LAST[0] = Again(lib, block, out, algorithm, _kept(lib, runs, result.dtype, bounds,
+                                                                slot.ctypes.data != mine.ctypes.data), what)
     return out
+
+
+def _kept(lib, runs: str, dtype, bounds, copies: bool):
+    """The call of ``runs`` with ``bounds`` that ``Again`` repeats: copy the block into ``out``
+    (unless it is ``out``'s own slot), then gather."""
+    lo, hi = bounds[lib.myrank], bounds[lib.myrank + 1]
+    fast = shared_memory.binding(lib, dtype, bounds) if runs == "shared_memory" else None
+    algorithm = registry.ALGORITHMS[runs]
+
+    def run(block, out):
+        if copies:
+            out[lo:hi] = block
+        if fast is not None:
+            fast(out)
+        else:
+            algorithm(lib, out, bounds)
+    return run
+
+
+#: ``[the call kept last]`` (``Again``) or ``None``.
+_LAST: list = [None]

@@ -1,5 +1,6 @@
 """What the collectives share: local argument checks that name the argument, the ``check=True``
 agreement step, the stall inspector's watch, and the settings they read."""
+import weakref
 import zlib
 from contextlib import contextmanager
 from numbers import Integral
@@ -9,7 +10,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import config, kernels
-from ..comm import LibraryComm
+from ..comm import LibraryComm, _world
 from ..stall import INSPECTOR
 
 _DTYPES = frozenset(kernels.DTYPES)
@@ -156,3 +157,45 @@ def watched(lib: LibraryComm, what: str, timeout: Optional[float]) -> Iterator[N
     """The stall inspector watches the block as the call ``what`` on ``lib``."""
     with INSPECTOR.watching(lib.watch, what, timeout):
         yield
+
+
+class Again:
+    """A collective's last call on ``COMM_WORLD``, kept so that the same call again skips the
+    checks, the agreement and the choice of algorithm: a loop that gathers, scatters or
+    broadcasts the same arrays. (``allreduce``'s own is ``collective.Repeat``.)
+
+    A collective keeps a call only where nothing of it can differ on the next one but what the
+    short path checks (in the collective's own first lines, inline: a method call is a share of a
+    small call): that it is made with the same two array objects (``first``, ``second``; ``None``
+    where the collective has one), with the same shapes, dtype and flags, and the same other
+    arguments (``key``), no ``comm``, ``check`` or ``stall_timeout``, and no nonblocking call in
+    flight. ``run(first, second)`` is the call's algorithm with everything else bound; the stall
+    inspector is told of it as the full path would, with the description made there."""
+
+    __slots__ = ("first", "second", "shapes", "dtype", "key", "run", "watched")
+
+    def __init__(self, lib: LibraryComm, first: np.ndarray, second: Optional[np.ndarray], key, run, what: str):
+        self.first = weakref.ref(first)
+        self.second = weakref.ref(second) if second is not None else _none
+        self.shapes = (first.shape, None if second is None else second.shape)
+        self.dtype, self.key, self.run = first.dtype, key, run
+        self.watched = (lib.watch, None, what, None)
+
+    def __call__(self, first: np.ndarray, second: Optional[np.ndarray]) -> None:
+        watched = self.watched
+        watched[0].calls += 1
+        INSPECTOR.current = watched
+        try:
+            self.run(first, second)
+        finally:
+            INSPECTOR.current = None
+
+
+def _none() -> None:
+    return None
+
+
+def keeps(lib: LibraryComm, comm, check: Optional[bool], stall_timeout) -> bool:
+    """Whether a call just made the full way may be kept (``Again``)."""
+    return (comm is None and check is None and stall_timeout is None and not lib.check_default
+            and bool(_world) and lib is _world[0])

@@ -312,3 +312,38 @@ def test_one_node_forms_give_the_bits_of_their_messages(comm):
         assert_quiet(messages)
     finally:
         release(messages)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ["auto", "shared_memory", "mpi"])
+def test_the_same_call_again_follows_new_values_and_rechecks_what_changed(algorithm):
+    """A loop that calls a collective on the same arrays (on ``COMM_WORLD``, which keeps the call
+    to skip its checks) gets each call's own result, and a call with another array, shape or
+    dtype is checked again."""
+    world = MPI.COMM_WORLD
+    p, rank = world.Get_size(), world.Get_rank()
+    n = 3 * p + 1
+    buf, gathered, reduced = np.empty(n, np.float32), np.empty(n, np.float32), None
+    lo, hi = blocks.block(n, p, rank)
+    reduced = np.empty(hi - lo, np.float32)
+    block = np.empty(hi - lo, np.float32)
+    for step in range(4):
+        buf[:] = np.arange(n) * (rank + 1) + step
+        reduce_scatter(buf, reduced, algorithm=algorithm)
+        assert np.array_equal(reduced, (np.arange(n) * p * (p + 1) / 2 + p * step)[lo:hi]), f"step {step}"
+        block[:] = reduced + rank
+        allgather(block, gathered, algorithm=algorithm)
+        expected = np.concatenate([(np.arange(n) * p * (p + 1) / 2 + p * step)[a:b] + r
+                                   for r, (a, b) in enumerate(zip(shard_bounds(n, p), shard_bounds(n, p)[1:]))])
+        assert np.array_equal(gathered, expected), f"step {step}"
+        root = step % p
+        buf[:] = step * 10 + rank
+        broadcast(buf, root, algorithm=algorithm)
+        assert np.all(buf == step * 10 + root), f"step {step}"
+    with pytest.raises(TypeError, match="out has dtype float64"):
+        reduce_scatter(buf, reduced.astype(np.float64), algorithm=algorithm)
+    with pytest.raises(ValueError, match="block has"):
+        allgather(block, np.empty(n + p, np.float32), algorithm=algorithm)
+    with pytest.raises(ValueError, match="root must be a rank"):
+        broadcast(buf, p, algorithm=algorithm)
+    assert_quiet(world)

@@ -8,6 +8,8 @@ rank's part out of its slot into ``out``. Blocks longer than a slot go in slot-s
 many as the longest block needs. Where the window cannot be made (ranks on several nodes),
 ``recursive_doubling``.
 """
+from typing import Callable, Optional
+
 import numpy as np
 from numba import njit
 
@@ -62,3 +64,17 @@ def allgather(comm, out, bounds):
         return
     if _allgather(out, np.asarray(bounds, np.int64), window.slots(out.dtype), window.state) != 0:
         raise mismatch(comm, out, "shared_memory")
+
+
+def binding(comm, dtype, bounds) -> Optional[Callable[[np.ndarray], None]]:
+    """``allgather(comm, out, bounds)`` for an ``out`` of ``dtype``, with the window and ``bounds``
+    bound (a call that repeats, ``collectives.common.Again``); ``None`` where there is no window."""
+    window = comm.state.get(shared_memory.Window)
+    if window is None:
+        return None
+    slots, state, blocks = window.slots(dtype), window.state, np.asarray(bounds, np.int64)
+
+    def run(out: np.ndarray) -> None:
+        if _allgather(out, blocks, slots, state) != 0:
+            raise mismatch(comm, out, "shared_memory")
+    return run

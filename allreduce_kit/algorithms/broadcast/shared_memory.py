@@ -7,6 +7,9 @@ compares the ranks' ``signature.word`` and root in a call's first round), every 
 copies the root's slot out. Larger buffers go in slot-sized rounds. Where the window cannot be
 made (ranks on several nodes), ``binomial``.
 """
+from typing import Callable, Optional
+
+import numpy as np
 from numba import njit
 
 from . import register
@@ -51,3 +54,17 @@ def broadcast(comm, buf, root):
         return
     if _broadcast(buf, root, window.slots(buf.dtype), window.state) != 0:
         raise mismatch(comm, buf, "shared_memory")
+
+
+def binding(comm, dtype, root: int) -> Optional[Callable[[np.ndarray], None]]:
+    """``broadcast(comm, buf, root)`` for a ``buf`` of ``dtype``, with the window and ``root``
+    bound (a call that repeats, ``collectives.common.Again``); ``None`` where there is no window."""
+    window = comm.state.get(shared_memory.Window)
+    if window is None:
+        return None
+    slots, state = window.slots(dtype), window.state
+
+    def run(buf: np.ndarray) -> None:
+        if _broadcast(buf, root, slots, state) != 0:
+            raise mismatch(comm, buf, "shared_memory")
+    return run

@@ -10,6 +10,9 @@ than a slot goes in slot-sized rounds (only the ranks whose blocks a round holds
 which is why ``auto`` takes it for small buffers only). Where the window cannot be made (ranks
 on several nodes) or ``op`` has no compiled kernel, ``recursive_halving``.
 """
+from typing import Callable, Optional
+
+import numpy as np
 from numba import njit
 
 from . import register
@@ -63,3 +66,20 @@ def reduce_scatter(comm, buf, out, op):
     lo, hi = bounds[comm.myrank], bounds[comm.myrank + 1]
     if _reduce_scatter(buf, out, lo, hi, window.slots(buf.dtype), window.state, op.code, op.divisor) != 0:
         raise mismatch(comm, buf, "shared_memory")
+
+
+def binding(comm, dtype, n: int, op) -> Optional[Callable[[np.ndarray, np.ndarray], None]]:
+    """``reduce_scatter(comm, buf, out, op)`` for a ``buf`` of ``n`` elements of ``dtype``, with
+    the window, this rank's block and ``op`` bound (a call that repeats,
+    ``collectives.common.Again``); ``None`` where there is no window or ``op`` has no kernel."""
+    window = comm.state.get(shared_memory.Window)
+    if window is None or op.code is None:
+        return None
+    slots, state, code, divisor = window.slots(dtype), window.state, op.code, op.divisor
+    bounds = shard_bounds(n, comm.nranks)
+    lo, hi = bounds[comm.myrank], bounds[comm.myrank + 1]
+
+    def run(buf: np.ndarray, out: np.ndarray) -> None:
+        if _reduce_scatter(buf, out, lo, hi, slots, state, code, divisor) != 0:
+            raise mismatch(comm, buf, "shared_memory")
+    return run
