@@ -494,8 +494,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                     per_element = all(torch.is_tensor(e.get(key)) and e[key].shape == p.shape for p, e in shaped)
                 else:
                     per_element = key not in _SCALAR_STATE
-                if not per_element:
-                    local[key] = present[0][key]
+                if not per_element:   # a copy: the optimizer steps counters in place
+                    value = present[0][key]
+                    local[key] = value.clone() if torch.is_tensor(value) else value
                     continue
                 values = [e.get(key) for e in entries]
                 if any(not torch.is_tensor(v) or v.numel() != p.numel() for v, p in zip(values, bucket.params)):
