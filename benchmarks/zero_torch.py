@@ -15,7 +15,9 @@ ranks, in turn, in the same processes:
 Each round runs every version for ``--warmup`` untimed and ``--steps`` timed steps, in an order
 that rotates between rounds. Two measures, as in ``torch_vs_ddp.py``: the median step (each
 step's time the mean over ranks) and the wall time of a block of steps from a barrier to the last
-rank's end, per step (median over rounds). The target: ``zero1``'s and ``zero2``'s step at most
+rank's end, per step (median over rounds); beside them, the median time of ``optimizer.step()``
+alone (where stage 1 averages the gradients; PyTorch's averages them in DDP's backward). The
+target, by the whole step: ``zero1``'s and ``zero2``'s step at most
 0.5x ``torch_zero``'s, on the model of about 10 M parameters (``10m``: 1024-2048-2048-2048-10,
 batch 32 per rank). Run (one node; ``--json`` keeps the figures):
 
@@ -28,12 +30,14 @@ import json
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Callable, Dict, List
 
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 import allreduce_kit.torch as hvd   # does not start MPI: hvd.init() does, in main()
 from allreduce_kit.cli import RankZeroParser
@@ -50,6 +54,17 @@ def _sibling():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def step_function(net, optimizer, x, y, in_step: List[float]) -> Callable[[], None]:
+    """One training step; the time of its ``optimizer.step()`` appended to ``in_step`` (seconds)."""
+    def step() -> None:
+        optimizer.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        begun = time.perf_counter()
+        optimizer.step()
+        in_step.append(time.perf_counter() - begun)
+    return step
 
 
 def measures(samples: Dict[str, List[np.ndarray]], walls: Dict[str, List[float]]) -> Dict[str, Dict]:
@@ -92,7 +107,8 @@ def run_model(name: str, args, comm, sibling) -> Dict:
         "torch_zero": TorchZero(ddp.parameters(), torch.optim.Adam, **adam),
     }
     nets = {**models, "torch_zero": ddp}
-    steps_of: Dict[str, Callable[[], None]] = {v: sibling.step_function(nets[v], optimizers[v], x, y) for v in VERSIONS}
+    in_step: Dict[str, List[float]] = {v: [] for v in VERSIONS}
+    steps_of = {v: step_function(nets[v], optimizers[v], x, y, in_step[v]) for v in VERSIONS}
     samples: Dict[str, List[np.ndarray]] = {v: [] for v in VERSIONS}
     walls: Dict[str, List[float]] = {v: [] for v in VERSIONS}
     for r in range(args.rounds):
@@ -102,6 +118,8 @@ def run_model(name: str, args, comm, sibling) -> Dict:
             samples[version].append(times)
             walls[version].append(wall * 1e3)
     rows = measures(samples, walls)
+    for v in VERSIONS:   # this rank's optimizer.step() alone (ours averages the gradients there in stage 1)
+        rows[v]["optimizer_step_ms_p50"] = float(np.median(in_step[v])) * 1e3
     goals = {v: {"at_most": at_most,
                  "met": bool(rows[v]["step_ratio_to_torch_zero"] <= at_most),
                  "met_wall": bool(rows[v]["step_ratio_to_torch_zero_wall"] <= at_most)}
@@ -115,7 +133,8 @@ def lines(result: Dict, ranks: int) -> List[str]:
     out = [f"{result['model']} ({result['parameters']:,d} parameters), Adam, batch {result['batch_per_rank']} per rank, "
            f"{ranks} ranks; median of {result['rounds']} x {result['steps']} steps, and wall per step:"]
     for v, row in result["versions"].items():
-        text = f"  {v:<12} step {row['step_ms_p50']:9.3f} ms  wall {row['step_ms_wall']:9.3f} ms"
+        text = (f"  {v:<12} step {row['step_ms_p50']:9.3f} ms  wall {row['step_ms_wall']:9.3f} ms"
+                f"  optimizer.step() {row['optimizer_step_ms_p50']:8.3f} ms")
         if v != "floor":
             text += (f"  overhead {row['overhead_ms_p50']:8.3f} ms  step/torch_zero {row['step_ratio_to_torch_zero']:5.2f}x"
                      f"  wall/torch_zero {row['step_ratio_to_torch_zero_wall']:5.2f}x")
