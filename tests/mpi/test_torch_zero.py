@@ -219,3 +219,30 @@ def test_fully_shard_with_shapes_that_differ_between_ranks_raises_on_every_rank(
     with pytest.raises(ValueError, match="prefetch must be >= 0"):
         hvd.fully_shard(mlp(), prefetch=-1 if RANK == P - 1 else 1)
     hvd.barrier()
+
+
+@pytest.mark.mpi
+def test_buckets_and_layers_smaller_than_the_rank_count_leave_some_blocks_empty_and_train_alike():
+    def tiny():
+        torch.manual_seed(1)   # layers of 2 and 4 parameters: at 3 ranks and more, some blocks are empty
+        return nn.Sequential(nn.Linear(1, 1), nn.Tanh(), nn.Linear(1, 2))
+
+    g = torch.Generator().manual_seed(2)
+    data = [(torch.randn(2 * P, 1, generator=g), torch.randn(2 * P, 2, generator=g)) for _ in range(2)]
+    for stage in (1, 2, 3):
+        net, reference = tiny(), tiny()
+        if stage == 3:
+            opt = torch.optim.Adam(hvd.fully_shard(net).parameters(), lr=0.1)
+        else:
+            opt = hvd.ZeroRedundancyOptimizer(net.parameters(), torch.optim.Adam, stage=stage, bucket_mb=0, lr=0.1)
+        plain = torch.optim.Adam(reference.parameters(), lr=0.1)
+        for x, y in data:
+            opt.zero_grad()
+            plain.zero_grad()
+            loss(net, x[2 * RANK:2 * RANK + 2], y[2 * RANK:2 * RANK + 2]).backward()
+            loss(reference, x, y).backward()
+            opt.step()
+            plain.step()
+        trained = hvd.full_state_dict(net) if stage == 3 else net.state_dict()
+        for key, value in reference.state_dict().items():
+            assert_close(trained[key], value, f"stage {stage}: {key}")
