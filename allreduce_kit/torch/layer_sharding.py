@@ -190,8 +190,9 @@ class _Sharding:
 
     # -- the hooks ----------------------------------------------------------------------------------
     def before_forward(self, k: int, module: nn.Module, args: Any) -> None:
-        if k == 0:
-            self.free_all()   # what an interrupted pass left (stale: the blocks may have changed)
+        if k == 0:   # what an interrupted pass left (stale: the blocks may have changed since)
+            self.free_all()
+            self.in_backward = False
         self.gather(k)
         self.ahead(list(range(k + 1, len(self.layers))))
         layer = self.layers[k]
