@@ -51,6 +51,8 @@ _PUBLIC = {
     "broadcast_parameters": "functions", "broadcast_optimizer_state": "functions",
     "DistributedOptimizer": "optimizer", "BUCKET_MB": "optimizer",
     "Timing": "timing",
+    "ZeroRedundancyOptimizer": "zero",
+    "fully_shard": "layer_sharding", "full_state_dict": "layer_sharding",
 }
 
 __all__ = [
@@ -67,6 +69,7 @@ __all__ = [
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "CollectiveError", "HorovodInternalError",
     "Compression", "Compressor", "DistributedOptimizer", "BUCKET_MB", "Timing",
+    "ZeroRedundancyOptimizer", "fully_shard", "full_state_dict",
 ]
 
 
