@@ -51,6 +51,7 @@ _PUBLIC = {
     "broadcast_parameters": "functions", "broadcast_optimizer_state": "functions",
     "DistributedOptimizer": "optimizer", "BUCKET_MB": "optimizer",
     "Timing": "timing",
+    "join": "joining",
 }
 
 __all__ = [
@@ -64,7 +65,7 @@ __all__ = [
     "allreduce_async", "allreduce_async_", "allgather_async", "broadcast_async", "broadcast_async_",
     "reducescatter_async", "alltoall_async", "grouped_allreduce_async", "grouped_allreduce_async_",
     "grouped_allgather_async", "grouped_reducescatter_async", "poll", "synchronize", "sparse_allreduce_async",
-    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set", "join",
     "CollectiveError", "HorovodInternalError",
     "Compression", "Compressor", "DistributedOptimizer", "BUCKET_MB", "Timing",
 ]
