@@ -14,7 +14,10 @@ How a joined rank learns of the others' calls: a call that compares itself acros
 (``contribution``): where every rank still in the call describes the same reduction and says
 what a joined rank adds to it (a ``Zeros``), the joined ranks run that reduction on zeros;
 otherwise the call raises on the ranks that made it and the joined ranks wait for the next
-one. When every entry is a marker, every rank has joined and ``join`` returns.
+one. When every entry is a marker, every rank has joined and ``join`` returns. Each wait of a
+joined rank lasts from one of the others' calls to the next, and is watched as any call is: the
+stall inspector ends the job where it passes the stall timeout (a rank that never calls
+``join``, or ranks that stop making calls).
 
 A call that does not start with that ``allgather`` (one made without ``check``, a
 ``DistributedOptimizer``'s gradient reductions, ``barrier``, ``broadcast_object``, calls on
@@ -96,8 +99,9 @@ def join(device: int = -1) -> int:
         return s.rank
     waited = 0
     while True:
-        # timeout 0: a joined rank may wait as long as the others still have data, unwatched
-        with INSPECTOR.watching(s.lib.watch, "join", timeout=0):
+        # watched as every call is: a joined rank waits for the others' next call, and the stall
+        # inspector names the ranks if none comes within the stall timeout
+        with INSPECTOR.watching(s.lib.watch, "join"):
             entries = s.lib.allgather(Joined(waited))
         if len(joined_ranks(entries)) == len(entries):
             fewest = min(e.waited for e in entries)

@@ -313,9 +313,14 @@ def agree(caller: str, mine: Any, zeros: Optional["joining.Zeros"] = None) -> No
         entries = lib.allgather(entry)
     joined = joining.joined_ranks(entries)
     live = [e for e in entries if not isinstance(e, joining.Joined)]
-    errors = [(r, e) for r, e in enumerate(entries) if r not in joined and e[0] == "error"]
     if failed:
         raise mine
+    elsewhere = [r for r, e in enumerate(entries) if r not in joined and not (
+        isinstance(e, tuple) and len(e) == 3 and e[0] in ("ok", "error"))]
+    if elsewhere:
+        raise ValueError(f"{caller}: rank {elsewhere[0]} is in another call (every rank must make the same "
+                         f"calls in the same order)")
+    errors = [(r, e) for r, e in enumerate(entries) if r not in joined and e[0] == "error"]
     if errors:
         r, (_, kind, message) = errors[0]
         raise (TypeError if kind == "TypeError" else ValueError)(f"{caller}: rank {r} failed: {message}")

@@ -320,3 +320,15 @@ def test_broadcast_optimizer_state_makes_an_empty_state_by_a_step_with_zero_grad
     assert model.weight.grad is None
     assert torch.equal(model.bias.grad, torch.zeros(1))
     assert torch.equal(opt.state[model.bias]["momentum_buffer"], torch.zeros(1))
+
+
+@pytest.mark.mpi
+def test_a_checked_call_that_meets_another_call_names_the_rank_in_it():
+    if P == 1:
+        pytest.skip("needs two ranks")
+    if RANK == 0:
+        with pytest.raises(ValueError, match="rank 1 is in another call"):
+            hvd.allreduce(torch.ones(2), check=True)
+    else:
+        gathered = hvd.allgather_object([RANK])
+        assert gathered[1:] == [[r] for r in range(1, P)]
