@@ -53,6 +53,7 @@ _PUBLIC = {
     "Timing": "timing",
     "ZeroRedundancyOptimizer": "zero",
     "fully_shard": "layer_sharding", "full_state_dict": "layer_sharding",
+    "join": "joining",
 }
 
 __all__ = [
@@ -66,7 +67,7 @@ __all__ = [
     "allreduce_async", "allreduce_async_", "allgather_async", "broadcast_async", "broadcast_async_",
     "reducescatter_async", "alltoall_async", "grouped_allreduce_async", "grouped_allreduce_async_",
     "grouped_allgather_async", "grouped_reducescatter_async", "poll", "synchronize", "sparse_allreduce_async",
-    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set", "join",
     "CollectiveError", "HorovodInternalError",
     "Compression", "Compressor", "DistributedOptimizer", "BUCKET_MB", "Timing",
     "ZeroRedundancyOptimizer", "fully_shard", "full_state_dict",

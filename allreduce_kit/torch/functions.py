@@ -128,23 +128,56 @@ def _shape_of(state_dict: Dict[str, Any]) -> List[int]:
     return [len(group["params"]) for group in state_dict["param_groups"]]
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
+def _initialize_state(optimizer: torch.optim.Optimizer, model: Optional[torch.nn.Module]) -> Dict[str, Any]:
+    """``optimizer.state_dict()``, after one local step with zero gradients where the state is
+    empty (Horovod's): the state then holds what the first step makes (momentum buffers, step
+    counts), to be overwritten by the root's. The zero gradients are sparse for ``SparseAdam``
+    and for the parameters of ``model``'s sparse embeddings. ``LBFGS``, whose step needs a
+    closure, is left as it is. A ``DistributedOptimizer`` steps as the optimizer it wraps:
+    nothing is reduced."""
+    from .optimizer import _DistributedOptimizer
+
+    state_dict = optimizer.state_dict()
+    if state_dict["state"] or isinstance(optimizer, torch.optim.LBFGS):
+        return state_dict
+    sparse = {id(p) for m in (model.modules() if model is not None else ())
+              if isinstance(m, torch.nn.Embedding) and m.sparse for p in m.parameters()}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                zeros = torch.zeros_like(p)
+                p.grad = zeros.to_sparse() if isinstance(optimizer, torch.optim.SparseAdam) or id(p) in sparse else zeros
+    with torch.no_grad():
+        if isinstance(optimizer, _DistributedOptimizer):
+            super(_DistributedOptimizer, optimizer).step()
+        else:
+            optimizer.step()
+    return optimizer.state_dict()
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0,
+                              model: Optional[torch.nn.Module] = None) -> None:
     """Give every rank's ``optimizer`` ``root_rank``'s state and hyperparameters (collective).
 
     Afterwards ``optimizer.state_dict()`` is the same on every rank: momentum buffers, step
-    counts, learning rates. An optimizer that has not stepped yet has an empty state, and so has
-    every rank's afterwards. Every rank's optimizer must have as many parameter groups, with as
-    many parameters each, as the root's.
+    counts, learning rates. A rank whose optimizer has not stepped yet (an empty state) first
+    makes its state as Horovod's does (``_initialize_state``): each trainable parameter's
+    ``.grad`` is set to zeros and the wrapped optimizer steps once, locally (with weight decay
+    that step moves the parameters, as any step does). Every rank's optimizer must have as many
+    parameter groups, with as many parameters each, as the root's. ``model`` (optional, as in
+    Horovod) names the sparse embeddings whose zero gradients must be sparse.
     """
     caller = "broadcast_optimizer_state"
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"{caller}: optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise TypeError(f"{caller}: model must be a torch.nn.Module or None, got {type(model).__name__}")
     r = mpi_ops.root(root_rank, caller)
     s = mpi_ops.state()
+    s.drain()
+    mine = _initialize_state(optimizer, model)
     if s.size == 1:
         return
-    s.drain()
-    mine = optimizer.state_dict()
     found: List[torch.Tensor] = []
     skeleton = _strip(mine, found) if s.rank == r else None
     with INSPECTOR.watching(s.lib.watch, f"{caller}(root_rank={r}): the state's structure"):

@@ -27,7 +27,7 @@ from ..comm import LibraryComm, library_comm
 from ..reduction import OPS
 from ..stall import INSPECTOR
 from ..topology import Topology, user_threads
-from . import tensors
+from . import joining, tensors
 from .compression import Compression, check_compression
 from .ops import Adasum, Average, Max, Min, Product, Sum
 from .scaling import scale_
@@ -297,28 +297,41 @@ def _difference(values: Sequence[Any]) -> str:
     return ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(values))
 
 
-def agree(caller: str, mine: Any) -> None:
+def agree(caller: str, mine: Any, zeros: Optional["joining.Zeros"] = None) -> None:
     """Raise on every rank unless every rank's ``mine`` (a dict of fields) is the same.
 
     ``mine`` may be the exception this rank's call raised: then every rank raises, this one
     its own error, the others naming the rank. Collective: one pickled ``allgather`` of a few
-    small values.
+    small values. Ranks in ``join()`` take part in it (``joining``): the call then goes on only
+    if it says what they contribute (``zeros``, the same on every rank still in it), and raises
+    ``CollectiveError`` on every rank that made it otherwise.
     """
     lib = state().lib
     failed = isinstance(mine, BaseException)
-    entry = ("error", type(mine).__name__, str(mine)) if failed else ("ok", mine)
+    entry = ("error", type(mine).__name__, str(mine)) if failed else ("ok", mine, zeros)
     with INSPECTOR.watching(lib.watch, f"{caller}: comparing the call across ranks"):
         entries = lib.allgather(entry)
-    errors = [(r, e) for r, e in enumerate(entries) if e[0] == "error"]
+    joined = joining.joined_ranks(entries)
+    live = [e for e in entries if not isinstance(e, joining.Joined)]
     if failed:
         raise mine
+    elsewhere = [r for r, e in enumerate(entries) if r not in joined and not (
+        isinstance(e, tuple) and len(e) == 3 and e[0] in ("ok", "error"))]
+    if elsewhere:
+        raise ValueError(f"{caller}: rank {elsewhere[0]} is in another call (every rank must make the same "
+                         f"calls in the same order)")
+    errors = [(r, e) for r, e in enumerate(entries) if r not in joined and e[0] == "error"]
     if errors:
         r, (_, kind, message) = errors[0]
         raise (TypeError if kind == "TypeError" else ValueError)(f"{caller}: rank {r} failed: {message}")
     for field in mine:
-        values = [e[1].get(field) for e in entries]
+        values = [e[1].get(field) for e in live]
         if any(v != values[0] for v in values):
-            raise ValueError(f"{caller}: {field} differs between ranks ({_difference(values)})")
+            ranks = [r for r in range(len(entries)) if r not in joined]
+            shown = _difference(values) if not joined else ", ".join(f"rank {r}: {v!r}" for r, v in zip(ranks, values))
+            raise ValueError(f"{caller}: {field} differs between ranks ({shown})")
+    if joined and joining.contribution(entries) is None:
+        joining.refuse(caller, entries)
 
 
 def agree_cheaply(lib: LibraryComm, caller: str, mine: dict) -> None:
@@ -345,10 +358,13 @@ def agree_cheaply(lib: LibraryComm, caller: str, mine: dict) -> None:
     raise ValueError(f"{caller}: {'; '.join(found) or 'the ranks passed different calls'}")
 
 
-def begin(caller: str, check: Optional[bool], validate: Callable[[], Any], describe: Callable[[Any], dict]) -> Any:
+def begin(caller: str, check: Optional[bool], validate: Callable[[], Any], describe: Callable[[Any], dict],
+          zeros: Optional[Callable[[Any], Optional["joining.Zeros"]]] = None) -> Any:
     """Validate a call (``validate()``, which raises ``TypeError``/``ValueError``), wait for the
     worker, and with ``check`` compare ``describe(validated)`` across ranks; return ``validate()``'s
-    value. Without ``check`` a malformed call raises before anything is sent."""
+    value. Without ``check`` a malformed call raises before anything is sent. ``zeros(validated)``:
+    what a rank in ``join()`` contributes to the call (``agree``); without it the call raises
+    while a rank has joined."""
     checked = checking(check, caller)
     s = state()
     try:
@@ -359,7 +375,8 @@ def begin(caller: str, check: Optional[bool], validate: Callable[[], Any], descr
         value, error = None, malformed
     s.drain()
     if checked and s.size > 1:
-        agree(caller, error if error is not None else describe(value))
+        agree(caller, error if error is not None else describe(value),
+              zeros(value) if zeros is not None and error is None else None)
     return value
 
 
@@ -457,6 +474,13 @@ def _what(caller: str, name: Optional[str]) -> str:
     return f"{caller}({name!r})" if name else caller
 
 
+def _zeros(caller: str, tensor: torch.Tensor, call: _Reduce) -> Optional["joining.Zeros"]:
+    """What a rank in ``join()`` contributes to this reduction: zeros of the compressed tensor's
+    shape and dtype (``_reduced_copy``)."""
+    dtype = call.compression.compress(torch.empty(0, dtype=tensor.dtype))[0].dtype
+    return joining.zeros_for(tuple(tensor.shape), dtype, call.op, _what(caller, call.name))
+
+
 def _reduced_copy(tensor: torch.Tensor, call: _Reduce, caller: str) -> torch.Tensor:
     """A new tensor: ``tensor`` compressed, scaled, reduced, scaled and decompressed."""
     compressed, ctx = call.compression.compress(tensor.detach())
@@ -502,7 +526,7 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
     call = begin("allreduce", check,
                  lambda: _reduce_call("allreduce", tensor, average, op, compression, prescale_factor, postscale_factor,
                                       name),
-                 lambda c: _describe("allreduce", tensor, c))
+                 lambda c: _describe("allreduce", tensor, c), lambda c: _zeros("allreduce", tensor, c))
     if tensor.requires_grad and torch.is_grad_enabled():
         return _AllreduceFunction.apply(tensor, call)
     return _reduced_copy(tensor, call, "allreduce")
@@ -516,7 +540,7 @@ def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optio
     call = begin("allreduce_", check,
                  lambda: _reduce_call("allreduce_", tensor, average, op, Compression.none, prescale_factor,
                                       postscale_factor, name),
-                 lambda c: _describe("allreduce_", tensor, c))
+                 lambda c: _describe("allreduce_", tensor, c), lambda c: _zeros("allreduce_", tensor, c))
     data = tensor.detach()
     scale_(data, call.prescale)
     reduce_(data, call.op, _what("allreduce_", name))
@@ -549,6 +573,7 @@ def _gathered(tensor: torch.Tensor, caller: str, name: Optional[str], check: boo
         entries = lib.allgather(entry)
     if error is not None:
         raise error
+    joining.refuse(caller, entries)
     errors = [(r, e) for r, e in enumerate(entries) if e[0] == "error"]
     if errors:
         r, (_, kind, message) = errors[0]
@@ -699,7 +724,9 @@ def allgather_object(obj: Any, name: Optional[str] = None) -> List[Any]:
     s = state()
     s.drain()
     with INSPECTOR.watching(s.lib.watch, _what("allgather_object", name)):
-        return s.lib.allgather(obj)
+        gathered = s.lib.allgather(obj)
+    joining.refuse("allgather_object", gathered)
+    return gathered
 
 
 def barrier() -> None:

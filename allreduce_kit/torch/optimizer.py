@@ -35,6 +35,7 @@ from mpi4py import MPI
 from ..stall import INSPECTOR
 from . import mpi_ops, shared_buckets, tensors
 from .compression import Compression, check_compression
+from .process_sets import ProcessSet, check_process_set, global_process_set
 from .timing import Timing
 
 #: Default bucket size in MB (10^6 bytes) when buckets are reduced during backward, DDP's: a
@@ -58,6 +59,8 @@ def overlap_choice(overlap: Optional[bool], nbytes: int = 0) -> Tuple[bool, str]
     if s.size == 1:
         return False, "one rank: nothing to reduce"
     if not s.threaded:
+        if s is not mpi_ops._state:
+            return False, "a process set's gradients are reduced in step()"
         return False, "MPI did not give MPI_THREAD_MULTIPLE"
     if overlap is not None:
         return overlap, "overlap=True" if overlap else "overlap=False"
@@ -253,11 +256,15 @@ class _DistributedOptimizer:
         start = time.perf_counter()
         bucket = self._buckets[k]
         flat = bucket.flat
-        spent, grads, into = [], [], []
-        for p, view in zip(bucket.params, bucket.views):
+        spent, grads, into, sparse = [], [], [], {}
+        for i, (p, view) in enumerate(zip(bucket.params, bucket.views)):
             grad = p.grad
             if grad is None:
                 view.zero_()
+            elif grad.is_sparse:   # reduced dense in the bucket, given back sparse
+                sparse[i] = grad.sparse_dim()
+                grads.append(grad.detach().to_dense())
+                into.append(view)
             elif grad.data_ptr() != view.data_ptr():   # not already the bucket's own memory
                 spent.append(grad)
                 grads.append(grad.detach())
@@ -282,8 +289,10 @@ class _DistributedOptimizer:
             flat.copy_(self._compression.decompress(compressed, ctx))
         if scaled:
             flat.mul_(self._predivide / self._size)
-        for p, view in zip(bucket.params, bucket.views):
-            if p.grad is not view:
+        for i, (p, view) in enumerate(zip(bucket.params, bucket.views)):
+            if i in sparse:
+                p.grad = view.to_sparse(sparse[i])   # the layout it came in
+            elif p.grad is not view:
                 p.grad = view        # the average, where it is: no copy back
         bucket.seconds = time.perf_counter() - start
 
@@ -299,23 +308,28 @@ class _DistributedOptimizer:
         if self._sync_start is None:
             self._sync_start = begun
         if self._size > 1 and not self._synchronized:
-            s = mpi_ops.state()
-            count = len(self._buckets)
-            inline = []
-            for k in range(self._launched, count):
-                if self._background and k < count - 1:
-                    s.worker().submit(functools.partial(self._reduce_bucket, k))
-                else:
-                    inline.append(k)
-            self._launched = count
-            s.drain()
-            for k in inline:
-                self._reduce_bucket(k)
-            self._passes = [0] * len(self._params)
-            self._ready = [0] * len(self._buckets)
-            self._launched = 0
+            with _on(self._set_state):
+                self._reduce_rest()
         self._synchronized = True
         self._waited += time.perf_counter() - begun
+
+    def _reduce_rest(self) -> None:
+        """Hand over (or reduce here) the buckets not yet handed over, and wait for them all."""
+        s = mpi_ops.state()
+        count = len(self._buckets)
+        inline = []
+        for k in range(self._launched, count):
+            if self._background and k < count - 1:
+                s.worker().submit(functools.partial(self._reduce_bucket, k))
+            else:
+                inline.append(k)
+        self._launched = count
+        s.drain()
+        for k in inline:
+            self._reduce_bucket(k)
+        self._passes = [0] * len(self._params)
+        self._ready = [0] * len(self._buckets)
+        self._launched = 0
 
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -363,8 +377,9 @@ class _DistributedOptimizer:
     def report(self, file: Optional[TextIO] = sys.stdout, json_path: Optional[str] = None) -> Dict[str, Any]:
         """The straggler report over the steps so far, and the share of the gradient reductions
         hidden behind backward, per step (collective; ``Timing.report``)."""
-        mpi_ops.state().drain()
-        return self._timing.report(file, json_path, title="DistributedOptimizer: straggler report")
+        with _on(self._set_state):
+            mpi_ops.state().drain()
+            return self._timing.report(file, json_path, title="DistributedOptimizer: straggler report")
 
 
 def _into_window(optimizer: "_DistributedOptimizer", s) -> None:
@@ -392,6 +407,49 @@ def _out_of_window(ref: "weakref.ref", shared: "shared_buckets.SharedBuckets") -
 
 
 _CLASSES: Dict[type, type] = {}
+
+
+def _state_for(process_set: Any, caller: str) -> Optional["mpi_ops._State"]:
+    """Where an optimizer given ``process_set`` reduces: None for the global set; the set's
+    state for a member; for a rank outside an added set, a state of its own alone (``_alone``):
+    as in Horovod, its optimizer steps on its own gradients."""
+    if isinstance(process_set, ProcessSet) and process_set.process_set_id not in (None, 0) \
+            and process_set._state is None:
+        return _alone()
+    ps = check_process_set(process_set, caller)
+    return None if ps is None else ps._state
+
+
+def _alone() -> "mpi_ops._State":
+    """A one-rank state over ``COMM_SELF`` (made once per ``init``, freed by ``shutdown``)."""
+    s = mpi_ops.state()
+    alone = getattr(s, "alone", None)
+    if alone is None:
+        alone = s.alone = mpi_ops._State(MPI.COMM_SELF)
+        alone.threaded = False
+
+        def release() -> None:
+            for each in alone._on_shutdown:
+                each()
+            alone.dup.Free()
+        s.on_shutdown(release)
+    return alone
+
+
+@contextmanager
+def _on(set_state: Optional["mpi_ops._State"]) -> Iterator[None]:
+    """Inside the block, this thread's calls run on ``set_state`` (nothing changes for None),
+    after the global background thread's reductions (``process_sets.running_on``)."""
+    if set_state is None:
+        yield
+        return
+    mpi_ops.state().drain()
+    previous = getattr(mpi_ops._on_set, "state", None)
+    mpi_ops._on_set.state = set_state
+    try:
+        yield
+    finally:
+        mpi_ops._on_set.state = previous
 
 
 def _named(optimizer: torch.optim.Optimizer, named_parameters: Any) -> List[Tuple[str, torch.Tensor]]:
@@ -477,7 +535,7 @@ def _check_horovod_grouping(num_groups: Any, groups: Any, sparse_as_dense: Any, 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step: int = 1, op=mpi_ops.Average, gradient_predivide_factor: float = 1.0,
                          num_groups: int = 0, groups: Any = None, sparse_as_dense: bool = False,
-                         *, bucket_mb: Optional[float] = None, overlap: Optional[bool] = None) -> torch.optim.Optimizer:
+                         process_set=global_process_set, *, bucket_mb: Optional[float] = None, overlap: Optional[bool] = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` applies the gradients averaged over all ranks.
 
     Collective. Returns an optimizer of the same class (``isinstance`` holds, learning-rate
@@ -492,10 +550,16 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     arguments, are compared across ranks: a difference raises ``ValueError`` on every rank).
     Also: ``synchronize()``, ``skip_synchronize()``, ``report()``.
 
+    ``process_set`` (Horovod's): the gradients are averaged over that set's ranks only; every
+    member wraps its optimizer with the same set (collective over the set), and its buckets are
+    reduced in ``step()``, on the calling thread. A rank outside the set steps on its own
+    gradients, as Horovod's does.
+
     ``num_groups`` and ``groups`` (Horovod's grouping of gradients into fused reductions) and
     ``sparse_as_dense`` are taken for Horovod's signature and checked, and change nothing: the
-    gradients are reduced dense, in the buckets ``bucket_mb`` makes (sparse gradients are not
-    supported).
+    gradients are reduced dense, in the buckets ``bucket_mb`` makes. A sparse gradient (of an
+    ``Embedding(sparse=True)``) is reduced dense in its bucket and given back sparse
+    (``to_sparse()``), as Horovod's ``sparse_as_dense=True`` does.
     """
     caller = "DistributedOptimizer"
     _check_horovod_grouping(num_groups, groups, sparse_as_dense, caller)
@@ -515,12 +579,15 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                 "op": name, "backward_passes_per_step": passes, "compression": getattr(comp, "__name__", repr(comp)),
                 "gradient_predivide_factor": predivide, "bucket_mb": mb, "overlap": overlap_}
 
-    named, arguments = mpi_ops.begin(caller, True, validate, describe)
-    base = type(optimizer)
-    cls = _CLASSES.get(base)
-    if cls is None:
-        cls = _CLASSES[base] = type(base.__name__, (_DistributedOptimizer, base), {"__module__": __name__})
-    distributed = cls.__new__(cls)
-    distributed.__dict__.update(optimizer.__dict__)  # the same param_groups, state, defaults and hooks
-    distributed._distribute(named, *arguments)
+    set_state = _state_for(process_set, caller)
+    with _on(set_state):
+        named, arguments = mpi_ops.begin(caller, True, validate, describe)
+        base = type(optimizer)
+        cls = _CLASSES.get(base)
+        if cls is None:
+            cls = _CLASSES[base] = type(base.__name__, (_DistributedOptimizer, base), {"__module__": __name__})
+        distributed = cls.__new__(cls)
+        distributed.__dict__.update(optimizer.__dict__)  # the same param_groups, state, defaults and hooks
+        distributed._set_state = set_state
+        distributed._distribute(named, *arguments)
     return distributed

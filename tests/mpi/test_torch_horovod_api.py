@@ -248,3 +248,87 @@ def test_distributed_optimizer_names_its_parameters_as_horovods_does():
     names = opt._parameter_names
     assert set(names) == set(model.parameters()) and len(set(names.values())) == 4
     assert hvd.allgather_object(sorted(names.values())) == [sorted(names.values())] * P
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("first", sorted({0, P - 1}))
+def test_join_lets_the_others_reduce_with_zeros_refuses_the_rest_and_returns_the_last_rank_to_join(first):
+    mine = torch.full((3,), RANK + 1.0)
+    if RANK == first:
+        last = hvd.join()
+    else:
+        others = [r for r in range(P) if r != first]
+        summed = hvd.allreduce(mine, op=hvd.Sum, check=True)
+        assert torch.equal(summed, torch.full((3,), float(sum(r + 1 for r in others))))
+        in_place = hvd.allreduce_(mine.clone(), op=hvd.Average, check=True)
+        assert torch.allclose(in_place, torch.full((3,), sum(r + 1 for r in others) / P))   # the joined rank counts
+        with pytest.raises(RuntimeError, match="join"):
+            hvd.allgather(mine)
+        with pytest.raises(RuntimeError, match="join"):
+            hvd.broadcast(mine, root_rank=others[0], check=True)
+        with pytest.raises(RuntimeError, match="join"):
+            hvd.allreduce(mine, op=hvd.Max, check=True)
+        last = hvd.join()
+    assert last == (max(r for r in range(P) if r != first) if P > 1 else 0)
+    assert hvd.allgather_object(last) == [last] * P
+
+
+@pytest.mark.mpi
+def test_distributed_optimizer_on_a_process_set_averages_over_its_members_and_others_step_alone():
+    evens = list(range(0, P, 2))
+    even_set = hvd.add_process_set(evens)
+    try:
+        model = torch.nn.Linear(2, 1, bias=False)
+        torch.nn.init.zeros_(model.weight)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
+                                       named_parameters=model.named_parameters(), process_set=even_set)
+        model(torch.full((1, 2), RANK + 1.0)).sum().backward()
+        opt.step()
+        mean = sum(r + 1 for r in evens) / len(evens) if RANK in evens else RANK + 1.0
+        assert torch.equal(model.weight, torch.full((1, 2), -mean))
+    finally:
+        hvd.remove_process_set(even_set)
+
+
+@pytest.mark.mpi
+def test_distributed_optimizer_averages_sparse_gradients_and_gives_them_back_sparse():
+    embedding = torch.nn.Embedding(P + 1, 2, sparse=True)
+    torch.nn.init.zeros_(embedding.weight)
+    for optimizer in (torch.optim.SGD(embedding.parameters(), lr=1.0),
+                      torch.optim.SparseAdam(list(embedding.parameters()), lr=0.1)):
+        opt = hvd.DistributedOptimizer(optimizer)
+        opt.zero_grad()
+        embedding(torch.tensor([RANK, P])).sum().backward()
+        opt.synchronize()
+        grad = embedding.weight.grad
+        assert grad.is_sparse and grad.sparse_dim() == 1
+        expected = torch.zeros(P + 1, 2)
+        expected[:P] = 1.0 / P
+        expected[P] = 1.0
+        assert torch.allclose(grad.to_dense(), expected)
+        with opt.skip_synchronize():
+            opt.step()
+
+
+@pytest.mark.mpi
+def test_broadcast_optimizer_state_makes_an_empty_state_by_a_step_with_zero_gradients():
+    model = torch.nn.Linear(2, 1)
+    model.weight.requires_grad_(False)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters())
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert model.weight.grad is None
+    assert torch.equal(model.bias.grad, torch.zeros(1))
+    assert torch.equal(opt.state[model.bias]["momentum_buffer"], torch.zeros(1))
+
+
+@pytest.mark.mpi
+def test_a_checked_call_that_meets_another_call_names_the_rank_in_it():
+    if P == 1:
+        pytest.skip("needs two ranks")
+    if RANK == 0:
+        with pytest.raises(ValueError, match="rank 1 is in another call"):
+            hvd.allreduce(torch.ones(2), check=True)
+    else:
+        gathered = hvd.allgather_object([RANK])
+        assert gathered[1:] == [[r] for r in range(1, P)]
