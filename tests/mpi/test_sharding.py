@@ -1,0 +1,116 @@
+"""Inside an MPI job: sharded data parallelism (``--zero 1|2|3``) trains what ``--zero 0`` trains.
+
+Stages 1 and 2 end bitwise on the parameters of ``--zero 0`` wherever the reduce-scatter folds as
+the allreduce does (``SAME_FOLDS``: ``ring``, ``two_shot``, ``rabenseifner``,
+``recursive_doubling``); stage 3, which reduces per layer, agrees to 1e-6. The model has 1199
+parameters, a count no rank count from 2 to 8 divides, in buckets of 250 elements that no rank
+count from 3 up divides either. Each rank holds the model state the estimator says, and stages 1
+and 2 send what ``--zero 0`` sends.
+"""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from allreduce_kit import allreduce, reduce_scatter
+from allreduce_kit.algorithms.reduce_scatter import SAME_FOLDS
+from allreduce_kit.blocks import block
+from allreduce_kit.train import data
+from allreduce_kit.train.trainer import Config, Trainer
+
+from conftest import assert_same_everywhere
+
+DIGITS = data.digits(0.2, seed=0)
+HIDDEN = (17, 3)                      # 64-17-3-10: 1199 parameters
+BUCKET_MB = 1e-3                      # 250 float32 elements: buckets of 250, 250, 250, 250, 199
+STEPS = 3
+
+
+def trained(comm, **kw) -> Trainer:
+    config = Config(**{"batch_size": 8, "hidden": HIDDEN, "max_steps": STEPS, "epochs": 1, "lr": 0.01, "seed": 3,
+                       "bucket_mb": BUCKET_MB, **kw})
+    trainer = Trainer(config, comm, dataset=DIGITS)
+    trainer.run()
+    return trainer
+
+
+def parameters(trainer: Trainer) -> np.ndarray:
+    params = trainer.strategy.full_parameters() if trainer.shards is not None else trainer.model.params
+    return params.copy()
+
+
+def run_and_close(comm, **kw):
+    trainer = trained(comm, **kw)
+    try:
+        return parameters(trainer), trainer
+    finally:
+        trainer.close()
+
+
+@pytest.mark.mpi
+def test_each_reduce_scatter_of_same_folds_is_bitwise_its_allreduce_block(comm):
+    p, r = comm.Get_size(), comm.Get_rank()
+    for n in (1199, 250):
+        x = np.random.default_rng([r, n]).standard_normal(n).astype(np.float32)
+        for allreduce_name, reduce_scatter_name in SAME_FOLDS.items():
+            full = x.copy()
+            allreduce(full, op="mean", algorithm=allreduce_name, comm=comm)
+            lo, hi = block(n, p, r)
+            got = reduce_scatter(x, op="mean", algorithm=reduce_scatter_name, comm=comm)
+            assert np.array_equal(got, full[lo:hi]), (allreduce_name, reduce_scatter_name, n)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm,optimizer", [("ring", "adam"), ("rabenseifner", "sgd")])
+def test_stages_1_and_2_end_bitwise_on_zero_0s_parameters(comm, algorithm, optimizer):
+    plain, _ = run_and_close(comm, zero=0, optimizer=optimizer, algorithm=algorithm)
+    for stage in (1, 2):
+        sharded, trainer = run_and_close(comm, zero=stage, optimizer=optimizer, algorithm=algorithm)
+        assert trainer.step == STEPS
+        assert np.array_equal(sharded, plain), f"--zero {stage} with {algorithm}, {optimizer}"
+        assert_same_everywhere(comm, sharded)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("optimizer", ["adam"])
+def test_stage_3_agrees_with_zero_0_to_1e_6(comm, optimizer):
+    plain, _ = run_and_close(comm, zero=0, optimizer=optimizer, algorithm="ring")
+    sharded, trainer = run_and_close(comm, zero=3, optimizer=optimizer, algorithm="ring")
+    np.testing.assert_allclose(sharded, plain, rtol=1e-6, atol=1e-6)
+    assert trainer.shards.layout.size < trainer.model.size or comm.Get_size() == 1
+    assert_same_everywhere(comm, sharded)
+
+
+@pytest.mark.mpi
+def test_each_rank_holds_the_model_state_the_estimator_gives_and_stages_1_2_send_what_zero_0_sends(comm):
+    p = comm.Get_size()
+    sent, held = {}, {}
+    for stage in (0, 1, 2, 3):
+        trainer = trained(comm, zero=stage, optimizer="adam", algorithm="ring")
+        try:
+            result = trainer.results()
+        finally:
+            trainer.close()
+        memory = result["memory"]
+        held[stage] = memory["model_state_bytes"] - memory["model_state"]["buffers"]
+        assert memory["model_state_bytes"] == memory["model_state_estimate"], (stage, memory)
+        assert memory["model_state_bytes_per_rank"] and len(memory["model_state_bytes_per_rank"]) == p
+        sent[stage] = result["communication"]["bytes_sent_per_step"]
+    n = 1199 * 4
+    assert held[0] == 4 * n                               # 16 bytes per float32 parameter
+    if p > 1:
+        assert held[1] < held[0] and held[2] < held[1] and held[3] < held[0]
+        assert sent[0] == pytest.approx(2 * n * (p - 1) / p)
+        assert sent[1] == pytest.approx(sent[0], rel=0.05) and sent[2] == pytest.approx(sent[0], rel=0.05)
+        assert sent[3] <= 1.5 * sent[0]
+    else:
+        assert sent == {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("fields,named", [({"zero": 4}, "Config.zero"), ({"zero": 2, "accum_steps": 2}, "accum_steps"),
+                                          ({"optimizer": "lamb"}, "Config.optimizer"),
+                                          ({"zero": 1, "backup_workers": 1}, "backup_workers")])
+def test_a_stage_on_a_run_it_does_not_fit_raises_on_every_rank_before_any_message(comm, fields, named):
+    with pytest.raises(ValueError, match=named):
+        Trainer(Config(hidden=HIDDEN, max_steps=1, **fields), comm, dataset=DIGITS)
+    comm.Barrier()
