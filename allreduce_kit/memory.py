@@ -12,7 +12,7 @@ state per parameter (SGD 1, Adam 2) and a rank's shard of S ≈ Ψ/N elements (t
 - stage 2: ``s Ψ + (1 + k) s S`` plus one bucket and one layer's gradient: 4Ψ + 12Ψ/N + buffers;
 - stage 3: ``(2 + k) s S`` plus two gathered layers and two layers' gradients: 16Ψ/N + buffers.
 
-Given the trainer's MLP (``--hidden`` and the data's sizes) instead of ``--params``, the counts
+With ``--params``, the model is taken as ``--layers`` layers of equal size. Given the trainer's MLP (``--hidden`` and the data's sizes) instead of ``--params``, the counts
 are exact for it (its layers, its buckets) and the activations of one batch are added.
 ``python -m allreduce_kit.train`` prints this estimate for its own run and refuses, before it
 starts, a run whose ranks on one node would not fit in the node's available memory.
@@ -129,6 +129,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     size.add_argument("--params", help="number of parameters, such as 250M, 1.5G or 123456")
     size.add_argument("--hidden", help="the trainer's MLP: hidden layer widths such as 4096,4096 (with "
                                        "--features and --classes)")
+    p.add_argument("--layers", type=int, default=24,
+                   help="with --params: the model as this many layers of equal size (stage 3 gathers one at a "
+                        "time; stage 2 holds one layer's gradient)")
     p.add_argument("--features", type=int, default=64, help="with --hidden: input features (digits: 64)")
     p.add_argument("--classes", type=int, default=10, help="with --hidden: classes (digits: 10)")
     p.add_argument("--batch-size", type=int, default=32, help="with --hidden: samples per rank per step")
@@ -163,12 +166,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             params = parse_count(args.params)
         except ValueError as bad:
             p.error(f"argument --params: {bad}")
-        layers = None
+        if args.layers < 1 or args.layers > params:
+            p.error(f"argument --layers: must be between 1 and the parameter count, got {args.layers}")
+        layers = [params // args.layers + (1 if i < params % args.layers else 0) for i in range(args.layers)]
     bucket = params if args.bucket_mb <= 0 else max(1, int(args.bucket_mb * 1e6) // itemsize)
     per_node = -(-args.ranks // args.nodes)
     free = available_bytes()
     print(f"{params:,} parameters ({args.dtype}), {args.optimizer}, {args.ranks} ranks on {args.nodes} node(s) "
-          f"(up to {per_node} per node)" + (f"; MLP {'-'.join(map(str, widths))}, activations of a batch of "
+          f"(up to {per_node} per node)" + (f" in {args.layers} layers" if widths is None else "") + (f"; MLP {'-'.join(map(str, widths))}, activations of a batch of "
                                             f"{args.batch_size}: {_gb(activations)} per rank" if widths else ""))
     head = ("stage", "parameters", "gradients", "optimizer", "buffers", "per rank", "per node")
     rows = []
@@ -181,7 +186,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for r in rows:
         print("  ".join(c.rjust(w) for c, w in zip(r, widths_)))
     if free is not None and args.nodes == 1:
-        fits = [str(i) for i, r in enumerate(range(4))
+        fits = [str(i) for i in range(4)
                 if per_node * (model_state(params, args.ranks, i, args.optimizer, itemsize, layers, bucket)["total"]
                                + activations) <= free]
         print(f"this node has {_gb(free)} available: "
