@@ -38,6 +38,7 @@ it is also the ``layers`` the model's passes take their parameters from and hand
 to (``model.OwnLayers``).
 """
 import hashlib
+import os
 import resource
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -53,6 +54,7 @@ from ..collectives.reduce_scatter import reduce_scatter
 from ..comm import library_comm
 from ..nonblocking import iallgather, ireduce_scatter
 from ..params import broadcast_parameters, bucket_bounds
+from . import checkpoint
 from .optimizer import learning_rate, make_optimizer
 from .trainer import NonFiniteError, all_finite, digest
 
@@ -199,6 +201,45 @@ class Sharded:
         for name, mine in self.t.optimizer.state().items():
             for u in range(len(self.units)):
                 self.layout.part(mine, u)[...] = self.layout.of(arrays[name], u)
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def arrays(self) -> Dict[str, np.ndarray]:
+        """This rank's blocks of the parameters and of the optimizer state, as its checkpoint file holds them."""
+        params = self.param_shard if self.stage == 3 else \
+            np.concatenate([self.layout.of(self.t.model.params, u) for u in range(len(self.units))])
+        return {"params": params, **self.t.optimizer.state()}
+
+    def save(self, directory: str, step: int, meta: Optional[Dict[str, Any]], keep: int) -> None:
+        """Every rank writes its blocks to ``checkpoint-STEP.shards/rank-R.npz`` (atomically), then
+        rank 0 the manifest ``checkpoint-STEP.npz`` (``meta``, rank 0's, with the stage, the ranks,
+        the block rule and the units), which makes the checkpoint: a crash before it leaves the
+        previous one the newest. Collective; a failure on any rank raises on every rank."""
+        t = self.t
+        final = os.path.join(directory, checkpoint.name_for(step))
+        folder = checkpoint.shards_dir(final)
+        error = None
+        try:
+            os.makedirs(folder, exist_ok=True)
+            checkpoint.write(os.path.join(folder, checkpoint.shard_name(self.rank)), self.arrays(),
+                             {"rank": self.rank, "ranks": self.ranks, "stage": self.stage, "step": step,
+                              "run": t.run_identity})
+        except OSError as bad:
+            error = f"rank {self.rank} could not write its checkpoint file in {folder}: {bad}"
+        errors = [e for e in t.comm.allgather(error) if e]
+        error = errors[0] if errors else None
+        if self.rank == 0 and error is None:
+            try:
+                record = {"stage": self.stage, "ranks": self.ranks, "rule": checkpoint.BLOCK_RULE,
+                          "units": [list(u) for u in self.units], "size": t.model.size,
+                          "arrays": list(self.arrays()),
+                          "files": [os.path.join(os.path.basename(folder), checkpoint.shard_name(r))
+                                    for r in range(self.ranks)]}
+                checkpoint.save(directory, step, {}, {**meta, "sharded": record}, keep=keep)
+            except (OSError, checkpoint.CheckpointError) as bad:
+                error = str(bad)
+        error = t.comm.bcast(error, root=0)
+        if error:
+            raise checkpoint.CheckpointError(error)
 
     # -- the step ---------------------------------------------------------------------------
     def warm_up(self) -> None:

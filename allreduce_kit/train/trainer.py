@@ -422,7 +422,11 @@ class Trainer:
         uninterrupted run reports (losses, accuracies, samples, steps; not its timings)."""
         now = self._open_epoch()
         gathered = self.comm.gather((self.jitter_rng.bit_generator.state, None if now is None else now[0]), root=0)
-        if self.rank == 0:
+        if self.shards is not None:                      # every rank its blocks, rank 0 the manifest
+            self.shards.save(self.config.checkpoint_dir, self.step,
+                             self.checkpoint_meta(gathered, now) if self.rank == 0 else None,
+                             self.config.keep_checkpoints)
+        elif self.rank == 0:
             checkpoint.save(self.config.checkpoint_dir, self.step,
                             {"params": self.model.params, **self.optimizer.state()},
                             self.checkpoint_meta(gathered, now), keep=self.config.keep_checkpoints)
@@ -469,11 +473,20 @@ class Trainer:
         if meta["widths"] != self.model.widths or meta["dtype"] != self.model.dtype.name:
             return (f"{path} holds a {'-'.join(map(str, meta['widths']))} {meta['dtype']} model, this run builds "
                     f"{self.model.describe()} {self.model.dtype.name}")
-        for name, expected in (("params", self.model.params), *self.optimizer.state().items()):
+        needed = ["params", *self.optimizer.state()]
+        held = meta["sharded"]["arrays"] if checkpoint.is_sharded(meta) else sorted(arrays)
+        missing = [name for name in needed if name not in held]
+        if missing:
+            return (f"{path} holds {', '.join(held)}; this run's --optimizer {self.config.optimizer} needs "
+                    f"{', '.join(missing)} (resume with the --optimizer that wrote it)")
+        if checkpoint.is_sharded(meta):                  # the blocks are checked as they are read
+            return None if meta["sharded"].get("size") == self.model.size else \
+                f"{path} holds {meta['sharded'].get('size')} parameters, this model has {self.model.size}"
+        for name in needed:
             got = arrays.get(name)
-            if got is None or got.shape != expected.shape or got.dtype != expected.dtype:
+            if got is None or got.shape != (self.model.size,) or got.dtype != self.model.dtype:
                 return (f"{path} holds {name} of shape {None if got is None else got.shape}, this model needs "
-                        f"{expected.shape} {expected.dtype}")
+                        f"{(self.model.size,)} {self.model.dtype}")
         return None
 
     def _resume(self, snapshot: Optional[Tuple[Dict[str, np.ndarray], Dict[str, Any]]] = None) -> None:
@@ -505,7 +518,7 @@ class Trainer:
                     error = f"{path} is another run's ({others[-1][2]})"
                 if error is not None and not own:
                     error += f"; {directory} holds no checkpoint of this run"
-                if error is None:
+                if error is None and self.shards is None and not checkpoint.is_sharded(meta):
                     self.model.params[...] = arrays["params"]
                     for name, state in self.optimizer.state().items():
                         state[...] = arrays[name]
@@ -523,10 +536,10 @@ class Trainer:
         error, meta, path, others = self.comm.bcast((error, meta, path, others), root=0)
         if error:
             raise ResumeError(error)
-        broadcast_parameters(self.model.params, root=0, comm=self.comm)
-        for state in self.optimizer.state().values():
-            broadcast_parameters(state, root=0, comm=self.comm)
-        self.optimizer.load_scalars(meta.get("optimizer_scalars", {}))
+        if snapshot is None:
+            self._load_arrays(path, meta, arrays if self.rank == 0 else {})
+        else:
+            self.optimizer.load_scalars(meta.get("optimizer_scalars", {}))
         self.step = self.saved_step = int(meta["step"])
         self._resize(meta)
         self.skipped_steps = list(meta.get("skipped_steps", []))
@@ -542,6 +555,38 @@ class Trainer:
         self.resumed_from = path
         if others:
             self._other_runs(directory, others)
+
+    def _load_arrays(self, path: str, meta: Dict[str, Any], arrays: Dict[str, np.ndarray]) -> None:
+        """Take the checkpoint's parameters and optimizer state (collective): a whole checkpoint's
+        from rank 0 (``arrays``, read there), a sharded one's read by every rank from the rank files;
+        a sharded run keeps its blocks of them (sharding.py), at any stage and rank count."""
+        names = ["params", *self.optimizer.state()]
+        if checkpoint.is_sharded(meta):
+            error = None
+            try:
+                arrays = checkpoint.read_sharded(path, meta, names)
+            except (checkpoint.CheckpointError, OSError, ValueError) as bad:
+                error = f"--resume: {bad}"
+            errors = [e for e in self.comm.allgather(error) if e]
+            if errors:
+                raise ResumeError(errors[0])
+        elif self.shards is not None:                    # a whole checkpoint, read by rank 0
+            if self.rank != 0:
+                arrays = {name: np.empty(self.model.size, self.model.dtype) for name in names}
+            for name in names:
+                broadcast_parameters(arrays[name], root=0, comm=self.comm)
+        else:
+            broadcast_parameters(self.model.params, root=0, comm=self.comm)
+            for state in self.optimizer.state().values():
+                broadcast_parameters(state, root=0, comm=self.comm)
+            arrays = {}
+        if self.shards is not None:
+            self.shards.load(arrays)
+        elif arrays:
+            self.model.params[...] = arrays["params"]
+            for name, state in self.optimizer.state().items():
+                state[...] = arrays[name]
+        self.optimizer.load_scalars(meta.get("optimizer_scalars", {}))
 
     def _other_runs(self, directory: str, others: List[Tuple[int, str, str, str]]) -> None:
         """Refuse to go on where this run would write over another run's checkpoint (a step between its

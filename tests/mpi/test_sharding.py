@@ -114,3 +114,54 @@ def test_a_stage_on_a_run_it_does_not_fit_raises_on_every_rank_before_any_messag
     with pytest.raises(ValueError, match=named):
         Trainer(Config(hidden=HIDDEN, max_steps=1, **fields), comm, dataset=DIGITS)
     comm.Barrier()
+
+
+def shared_directory(comm, tmp_path_factory) -> str:
+    """One new directory every rank of ``comm`` names (rank 0's)."""
+    return comm.bcast(str(tmp_path_factory.mktemp("zero_checkpoints")) if comm.Get_rank() == 0 else None, root=0)
+
+
+@pytest.mark.mpi
+def test_a_checkpoint_resumes_bitwise_at_another_stage(comm, tmp_path_factory):
+    """Two steps, a checkpoint, two more steps at another stage: bitwise four steps of ``--zero 0``,
+    from a whole checkpoint into a sharded run and from a sharded one (per-rank files) into ``--zero 0``."""
+    straight, _ = run_and_close(comm, zero=0, optimizer="adam", algorithm="ring", max_steps=4)
+    for first, then in ((0, 2), (1, 0), (3, 1)):
+        directory = shared_directory(comm, tmp_path_factory)
+        run_and_close(comm, zero=first, optimizer="adam", algorithm="ring", max_steps=2, checkpoint_dir=directory)
+        resumed, trainer = run_and_close(comm, zero=then, optimizer="adam", algorithm="ring", max_steps=4,
+                                         checkpoint_dir=directory, resume=True)
+        assert trainer.resumed_from is not None and trainer.step == 4
+        if first == 3:
+            np.testing.assert_allclose(resumed, straight, rtol=1e-6, atol=1e-6)
+        else:
+            assert np.array_equal(resumed, straight), f"--zero {first} then --zero {then}"
+
+
+@pytest.mark.mpi
+def test_a_sharded_checkpoint_resumes_at_another_rank_count_and_stage_with_the_same_state(comm, tmp_path_factory):
+    from allreduce_kit.train import checkpoint
+
+    directory = shared_directory(comm, tmp_path_factory)
+    run_and_close(comm, zero=2, optimizer="adam", algorithm="ring", max_steps=2, checkpoint_dir=directory)
+    path = checkpoint.latest(directory)
+    _, meta = checkpoint.load(path)
+    assert meta["sharded"]["stage"] == 2 and meta["sharded"]["ranks"] == comm.Get_size()
+    whole = checkpoint.read_sharded(path, meta, ["params", "exp_avg", "exp_avg_sq"])
+    fewer = comm.Split(0 if comm.Get_rank() < max(1, comm.Get_size() - 1) else MPI.UNDEFINED, comm.Get_rank())
+    if fewer != MPI.COMM_NULL:
+        try:
+            trainer = Trainer(Config(batch_size=8, hidden=HIDDEN, max_steps=2, epochs=1, lr=0.01, seed=3,
+                                     bucket_mb=BUCKET_MB, zero=3, optimizer="adam", checkpoint_dir=directory,
+                                     resume=True), fewer, dataset=DIGITS)
+            try:
+                assert trainer.step == 2 and trainer.optimizer.steps == 2
+                assert np.array_equal(trainer.strategy.full_parameters(), whole["params"])
+                layout = trainer.shards.layout
+                for u in range(len(layout.units)):
+                    assert np.array_equal(layout.part(trainer.optimizer.exp_avg_sq, u), layout.of(whole["exp_avg_sq"], u))
+            finally:
+                trainer.close()
+        finally:
+            fewer.Free()
+    comm.Barrier()
