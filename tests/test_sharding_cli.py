@@ -34,11 +34,12 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("zero_cli")
     cases = [QUICK + argv for _, argv, _ in BAD]
     cases.append(QUICK + ["--zero", "2", "--optimizer", "adam", "--bucket-mb", "0.004", "--json", str(tmp / "run.json")])
+    cases.append(QUICK + ["--zero", "3", "--optimizer", "adam", "--checkpoint-dir", str(tmp / "ck")])
     (tmp / "cases.json").write_text(json.dumps(cases))
     result = run_mpi(2, [TESTS / "bad_options_driver.py", tmp / "cases.json", tmp / "out.json"], timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     records = json.loads((tmp / "out.json").read_text())
-    return records, json.loads((tmp / "run.json").read_text())
+    return records, json.loads((tmp / "run.json").read_text()), tmp / "ck"
 
 
 @pytest.mark.parametrize("case", [name for name, _, _ in BAD])
@@ -55,8 +56,8 @@ def test_a_stage_that_does_not_fit_is_refused_with_one_message_and_status_2(runs
 
 
 def test_a_sharded_run_reports_its_model_state_beside_the_estimate_and_the_bytes_it_sent(runs):
-    records, report = runs
-    good = records[-1]
+    records, report, _ = runs
+    good = records[-2]
     assert [r["status"] for r in good] == [0, 0], good[0]["stderr"][-2000:]
     assert "memory: --zero 2" in good[0]["stdout"]
     m = report["memory"]
@@ -96,3 +97,37 @@ def test_the_estimator_refuses_bad_input_with_status_2(capsys, argv, message):
         memory.main(argv)
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_consolidate_writes_a_sharded_checkpoint_whole_and_names_a_rank_file_that_does_not_belong(runs, tmp_path,
+                                                                                                    capsys):
+    import shutil
+
+    import numpy as np
+
+    from allreduce_kit import checkpoint as tool
+    from allreduce_kit.train import checkpoint
+
+    records, _, directory = runs
+    assert [r["status"] for r in records[-1]] == [0, 0], records[-1][0]["stderr"][-2000:]
+    manifest = checkpoint.latest(str(directory))
+    _, meta = checkpoint.load(manifest)
+    assert meta["sharded"]["stage"] == 3 and meta["sharded"]["ranks"] == 2 and "block" in meta["sharded"]["rule"]
+    out = tmp_path / "whole.npz"
+    assert tool.main(["consolidate", str(directory), str(out)]) == 0
+    arrays, record = checkpoint.load(str(out))
+    assert set(arrays) == {"params", "exp_avg", "exp_avg_sq"} and arrays["params"].shape == (1210,)
+    assert arrays["params"].dtype == np.float32 and record["step"] == 2 and "sharded" not in record
+    assert np.abs(arrays["exp_avg_sq"]).max() > 0
+    # rank 0's file put where rank 1's belongs: named, exit 2, nothing written
+    copy = tmp_path / "copy"
+    shutil.copytree(directory, copy)
+    shards = checkpoint.shards_dir(str(copy / __import__("os").path.basename(manifest)))
+    shutil.copy(f"{shards}/rank-00000.npz", f"{shards}/rank-00001.npz")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        tool.main(["consolidate", str(copy), str(tmp_path / "bad.npz")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "rank-00001.npz is not rank 1's file" in err and "Traceback" not in err
+    assert not (tmp_path / "bad.npz").exists()
