@@ -132,9 +132,10 @@ def peak_rss_bytes() -> int:
 class Sharded:
     """Finishes the steps of ``trainer`` at ZeRO ``stage`` 1, 2 or 3 (see the module's docstring).
 
-    Made after the trainer has its model and optimizer (whole-buffer ones, at stage 3 without the
-    model's buffers): it replaces the optimizer by one for this rank's shard, carrying over its
-    block of any state the trainer loaded (a resumed run)."""
+    Made by the trainer right after its model (at stage 3 a model without buffers), before any
+    checkpoint is read: it makes the optimizer for this rank's shard (``trainer.optimizer``) and,
+    at stage 3, the parameters' shard, initialised as ``--zero 0`` initialises them; ``load``
+    takes its blocks of a checkpoint's whole arrays."""
 
     def __init__(self, trainer: Any, stage: int):
         t = self.t = trainer
@@ -175,6 +176,7 @@ class Sharded:
             self._init_shard()
         if stage >= 2:
             t.layers = self
+            t.eval_layers = Evaluation(self) if stage == 3 else self
 
     def _init_shard(self) -> None:
         """Stage 3: the parameters ``--zero 0`` starts from (rank 0's draws, layer by layer), each
@@ -381,7 +383,7 @@ class Sharded:
                 self._open = None
             stop = lo
 
-    def _gathered(self, layer: int) -> np.ndarray:
+    def _gathered(self, layer: int, count: bool = True) -> np.ndarray:
         """Stage 3: layer's full parameters, gathered (or being gathered) into a slot; starts the
         gather of the layer the pass will ask for next."""
         if self._held is not None and self._held[0] == layer:
@@ -396,21 +398,22 @@ class Sharded:
                     self._coming[2].wait()
                     self._coming = None
                 slot = 0 if self._held is None else self._held[1] ^ 1
-                self._gather(layer, slot).wait()
+                self._gather(layer, slot, count).wait()
             self._held = (layer, slot)
             view = self._slots[slot]
         going_down = layer > 0 and (layer < self._last or layer == self._last == self.t.model.layers - 1)
         nxt = layer - 1 if going_down else layer + 1
         self._last = layer
         if self._coming is None and (1 <= nxt if going_down else nxt < self.t.model.layers):
-            self._coming = (nxt, self._held[1] ^ 1, self._gather(nxt, self._held[1] ^ 1))
+            self._coming = (nxt, self._held[1] ^ 1, self._gather(nxt, self._held[1] ^ 1, count))
         a, b = self.units[layer]
         return view[:b - a]
 
-    def _gather(self, layer: int, slot: int) -> Any:
+    def _gather(self, layer: int, slot: int, count: bool = True) -> Any:
         a, b = self.units[layer]
         out = self._slots[slot][:b - a]
-        self.t.traffic[2] += sent_bytes("allgather", out.nbytes, self.ranks)
+        if count:                                         # the training steps' traffic, not evaluation's
+            self.t.traffic[2] += sent_bytes("allgather", out.nbytes, self.ranks)
         return iallgather(self.layout.part(self.param_shard, layer), out, comm=self.t.comm)
 
     def drop_gathered(self) -> None:
@@ -617,3 +620,14 @@ def header(trainer: Any) -> str:
     return (f"memory: --zero {cfg.zero} ({what}), {cfg.optimizer}: model state {_gb(m['total'])} per rank "
             f"(parameters {_gb(m['parameters'])}, gradients {_gb(m['gradients'])}, optimizer "
             f"{_gb(m['optimizer_state'])}, buffers {_gb(m['buffers'])})")
+
+
+class Evaluation:
+    """Stage 3's layers for the forward passes that measure accuracy: gathered as for training,
+    their bytes not counted as the training steps'."""
+
+    def __init__(self, sharded: Sharded):
+        self.sharded = sharded
+
+    def weights(self, layer: int) -> Tuple[np.ndarray, np.ndarray]:
+        return self.sharded.t.model.layer_views(self.sharded._gathered(layer, count=False), layer)

@@ -134,6 +134,7 @@ class Trainer:
         #: What the model's passes take their parameters from and give their gradients to (None: its
         #: own buffers; sharding.py at --zero 2 and 3).
         self.layers = None
+        self.eval_layers = None                          # and the forward passes that measure accuracy
         self.traffic = [0, 0, 0.0]                       # the model's collective calls, bytes handed, bytes sent
         self.shards = None
         if config.zero < 3:
@@ -305,7 +306,7 @@ class Trainer:
         test = slice(self.rank, None, self.ranks)
         totals = np.zeros(5, dtype=np.float64)         # loss, correct, samples, test correct, test samples
         totals[:3] = sums
-        totals[3] = self.model.evaluate(self.data.X_test[test], self.data.y_test[test], layers=self.layers)
+        totals[3] = self.model.evaluate(self.data.X_test[test], self.data.y_test[test], layers=self.eval_layers)
         totals[4] = len(self.data.y_test[test])
         allreduce(totals, op="sum", comm=self.comm)
         seconds = float(self.comm.bcast(elapsed, root=0))

@@ -5,7 +5,8 @@ the allreduce does (``SAME_FOLDS``: ``ring``, ``two_shot``, ``rabenseifner``,
 ``recursive_doubling``); stage 3, which reduces per layer, agrees to 1e-6. The model has 1199
 parameters, a count no rank count from 2 to 8 divides, in buckets of 250 elements that no rank
 count from 3 up divides either. Each rank holds the model state the estimator says, and stages 1
-and 2 send what ``--zero 0`` sends.
+and 2 send what ``--zero 0`` sends, stage 3 at most 1.5 times as much. Checkpoints resume at
+another stage (bitwise, from a whole checkpoint and from a sharded one) and rank count.
 """
 import numpy as np
 import pytest
@@ -29,7 +30,7 @@ def trained(comm, **kw) -> Trainer:
     config = Config(**{"batch_size": 8, "hidden": HIDDEN, "max_steps": STEPS, "epochs": 1, "lr": 0.01, "seed": 3,
                        "bucket_mb": BUCKET_MB, **kw})
     trainer = Trainer(config, comm, dataset=DIGITS)
-    trainer.run()
+    trainer.result = trainer.run()
     return trainer
 
 
@@ -59,51 +60,43 @@ def test_each_reduce_scatter_of_same_folds_is_bitwise_its_allreduce_block(comm):
             assert np.array_equal(got, full[lo:hi]), (allreduce_name, reduce_scatter_name, n)
 
 
+def held_and_sent(trainer: Trainer):
+    """The model state the rank holding most held (besides buffers), checked against the estimate,
+    and the bytes a rank sent per step."""
+    memory = trainer.result["memory"]
+    assert memory["model_state_bytes"] == memory["model_state_estimate"], memory
+    assert len(memory["model_state_bytes_per_rank"]) == trainer.ranks
+    return memory["model_state_bytes"] - memory["model_state"]["buffers"], \
+        trainer.result["communication"]["bytes_sent_per_step"]
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("algorithm,optimizer", [("ring", "adam"), ("rabenseifner", "sgd")])
-def test_stages_1_and_2_end_bitwise_on_zero_0s_parameters(comm, algorithm, optimizer):
-    plain, _ = run_and_close(comm, zero=0, optimizer=optimizer, algorithm=algorithm)
+def test_stages_1_and_2_end_bitwise_on_zero_0s_parameters_and_send_what_it_sends(comm, algorithm, optimizer):
+    plain, reference = run_and_close(comm, zero=0, optimizer=optimizer, algorithm=algorithm)
+    held, sent = held_and_sent(reference)
+    n, p = 1199 * 4, comm.Get_size()
+    assert held == n * (2 + (2 if optimizer == "adam" else 1))
+    assert sent == pytest.approx(2 * n * (p - 1) / p)
     for stage in (1, 2):
         sharded, trainer = run_and_close(comm, zero=stage, optimizer=optimizer, algorithm=algorithm)
         assert trainer.step == STEPS
         assert np.array_equal(sharded, plain), f"--zero {stage} with {algorithm}, {optimizer}"
         assert_same_everywhere(comm, sharded)
+        held_here, sent_here = held_and_sent(trainer)
+        assert held_here < held or p == 1
+        assert sent_here == pytest.approx(sent, rel=0.05)
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("optimizer", ["adam"])
-def test_stage_3_agrees_with_zero_0_to_1e_6(comm, optimizer):
-    plain, _ = run_and_close(comm, zero=0, optimizer=optimizer, algorithm="ring")
-    sharded, trainer = run_and_close(comm, zero=3, optimizer=optimizer, algorithm="ring")
+def test_stage_3_agrees_with_zero_0_to_1e_6_holds_a_shard_and_sends_at_most_half_as_much_again(comm):
+    plain, reference = run_and_close(comm, zero=0, optimizer="adam", algorithm="ring")
+    sharded, trainer = run_and_close(comm, zero=3, optimizer="adam", algorithm="ring")
     np.testing.assert_allclose(sharded, plain, rtol=1e-6, atol=1e-6)
-    assert trainer.shards.layout.size < trainer.model.size or comm.Get_size() == 1
     assert_same_everywhere(comm, sharded)
-
-
-@pytest.mark.mpi
-def test_each_rank_holds_the_model_state_the_estimator_gives_and_stages_1_2_send_what_zero_0_sends(comm):
-    p = comm.Get_size()
-    sent, held = {}, {}
-    for stage in (0, 1, 2, 3):
-        trainer = trained(comm, zero=stage, optimizer="adam", algorithm="ring")
-        try:
-            result = trainer.results()
-        finally:
-            trainer.close()
-        memory = result["memory"]
-        held[stage] = memory["model_state_bytes"] - memory["model_state"]["buffers"]
-        assert memory["model_state_bytes"] == memory["model_state_estimate"], (stage, memory)
-        assert memory["model_state_bytes_per_rank"] and len(memory["model_state_bytes_per_rank"]) == p
-        sent[stage] = result["communication"]["bytes_sent_per_step"]
-    n = 1199 * 4
-    assert held[0] == 4 * n                               # 16 bytes per float32 parameter
-    if p > 1:
-        assert held[1] < held[0] and held[2] < held[1] and held[3] < held[0]
-        assert sent[0] == pytest.approx(2 * n * (p - 1) / p)
-        assert sent[1] == pytest.approx(sent[0], rel=0.05) and sent[2] == pytest.approx(sent[0], rel=0.05)
-        assert sent[3] <= 1.5 * sent[0]
-    else:
-        assert sent == {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0}
+    (held0, sent0), (held3, sent3) = held_and_sent(reference), held_and_sent(trainer)
+    assert held3 <= -(-held0 // comm.Get_size()) + 4 * 4 * len(HIDDEN)   # 16 bytes a parameter / p, give or take a block
+    assert sent3 <= 1.5 * sent0
 
 
 @pytest.mark.mpi
@@ -126,16 +119,13 @@ def test_a_checkpoint_resumes_bitwise_at_another_stage(comm, tmp_path_factory):
     """Two steps, a checkpoint, two more steps at another stage: bitwise four steps of ``--zero 0``,
     from a whole checkpoint into a sharded run and from a sharded one (per-rank files) into ``--zero 0``."""
     straight, _ = run_and_close(comm, zero=0, optimizer="adam", algorithm="ring", max_steps=4)
-    for first, then in ((0, 2), (1, 0), (3, 1)):
+    for first, then in ((0, 2), (1, 0)):
         directory = shared_directory(comm, tmp_path_factory)
         run_and_close(comm, zero=first, optimizer="adam", algorithm="ring", max_steps=2, checkpoint_dir=directory)
         resumed, trainer = run_and_close(comm, zero=then, optimizer="adam", algorithm="ring", max_steps=4,
                                          checkpoint_dir=directory, resume=True)
         assert trainer.resumed_from is not None and trainer.step == 4
-        if first == 3:
-            np.testing.assert_allclose(resumed, straight, rtol=1e-6, atol=1e-6)
-        else:
-            assert np.array_equal(resumed, straight), f"--zero {first} then --zero {then}"
+        assert np.array_equal(resumed, straight), f"--zero {first} then --zero {then}"
 
 
 @pytest.mark.mpi
