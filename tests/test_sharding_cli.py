@@ -35,6 +35,8 @@ def runs(tmp_path_factory):
     cases = [QUICK + argv for _, argv, _ in BAD]
     cases.append(QUICK + ["--zero", "2", "--optimizer", "adam", "--bucket-mb", "0.004", "--json", str(tmp / "run.json")])
     cases.append(QUICK + ["--zero", "3", "--optimizer", "adam", "--checkpoint-dir", str(tmp / "ck")])
+    for stage in ("1", "2", "3"):
+        cases.append(QUICK + ["--zero", stage, "--max-steps", "4", "--inject-nan", "1:2"])
     (tmp / "cases.json").write_text(json.dumps(cases))
     result = run_mpi(2, [TESTS / "bad_options_driver.py", tmp / "cases.json", tmp / "out.json"], timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -57,7 +59,7 @@ def test_a_stage_that_does_not_fit_is_refused_with_one_message_and_status_2(runs
 
 def test_a_sharded_run_reports_its_model_state_beside_the_estimate_and_the_bytes_it_sent(runs):
     records, report, _ = runs
-    good = records[-2]
+    good = records[len(BAD)]
     assert [r["status"] for r in good] == [0, 0], good[0]["stderr"][-2000:]
     assert "memory: --zero 2" in good[0]["stdout"]
     m = report["memory"]
@@ -109,7 +111,7 @@ def test_consolidate_writes_a_sharded_checkpoint_whole_and_names_a_rank_file_tha
     from allreduce_kit.train import checkpoint
 
     records, _, directory = runs
-    assert [r["status"] for r in records[-1]] == [0, 0], records[-1][0]["stderr"][-2000:]
+    assert [r["status"] for r in records[len(BAD) + 1]] == [0, 0], records[len(BAD) + 1][0]["stderr"][-2000:]
     manifest = checkpoint.latest(str(directory))
     _, meta = checkpoint.load(manifest)
     assert meta["sharded"]["stage"] == 3 and meta["sharded"]["ranks"] == 2 and "block" in meta["sharded"]["rule"]
@@ -131,3 +133,11 @@ def test_consolidate_writes_a_sharded_checkpoint_whole_and_names_a_rank_file_tha
     err = capsys.readouterr().err
     assert "rank-00001.npz is not rank 1's file" in err and "Traceback" not in err
     assert not (tmp_path / "bad.npz").exists()
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_a_nan_in_one_ranks_gradient_stops_a_sharded_run_on_every_rank_at_that_step(runs, stage):
+    ranks = runs[0][len(BAD) + 1 + stage]
+    assert [r["status"] for r in ranks] == [1, 1], ranks[0]["stderr"][-2000:]
+    assert all(r["raised"] is None for r in ranks)
+    assert "non-finite averaged gradient (NaN or Inf) at step 2" in ranks[0]["stderr"]
