@@ -256,10 +256,10 @@ class Sharded:
             reduce_scatter(t.model.grads[a:b], out=self.grad_part(0), op="mean", algorithm=self.algorithms[0],
                            comm=t.comm)
         else:
-            traffic = list(t.traffic)
+            traffic, sent = list(t.traffic), t.sent
             t.model.forward_backward(X, y, self)
             self._settle()
-            t.traffic[:] = traffic
+            t.traffic[:], t.sent = traffic, sent
         if self.stage < 3:
             self._gather_parameters(count=False)
         self.drop_gathered()
@@ -312,14 +312,14 @@ class Sharded:
     def _count(self, nbytes: int) -> None:
         self.t.traffic[0] += 1
         self.t.traffic[1] += nbytes
-        self.t.traffic[2] += sent_bytes("reduce_scatter", nbytes, self.ranks)
+        self.t.sent += sent_bytes("reduce_scatter", nbytes, self.ranks)
 
     def _gather_parameters(self, count: bool = True) -> None:
         params = self.t.model.params
         for u, (a, b) in enumerate(self.units):
             allgather(self.layout.of(params, u), out=params[a:b], comm=self.t.comm)
             if count:
-                self.t.traffic[2] += sent_bytes("allgather", (b - a) * params.itemsize, self.ranks)
+                self.t.sent += sent_bytes("allgather", (b - a) * params.itemsize, self.ranks)
 
     def _settle(self) -> None:
         """Stage 3: wait for the reduce-scatters still in flight."""
@@ -413,7 +413,7 @@ class Sharded:
         a, b = self.units[layer]
         out = self._slots[slot][:b - a]
         if count:                                         # the training steps' traffic, not evaluation's
-            self.t.traffic[2] += sent_bytes("allgather", out.nbytes, self.ranks)
+            self.t.sent += sent_bytes("allgather", out.nbytes, self.ranks)
         return iallgather(self.layout.part(self.param_shard, layer), out, comm=self.t.comm)
 
     def drop_gathered(self) -> None:

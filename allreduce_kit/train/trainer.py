@@ -135,7 +135,8 @@ class Trainer:
         #: own buffers; sharding.py at --zero 2 and 3).
         self.layers = None
         self.eval_layers = None                          # and the forward passes that measure accuracy
-        self.traffic = [0, 0, 0.0]                       # the model's collective calls, bytes handed, bytes sent
+        self.traffic = [0, 0]                            # the model's collective calls and bytes handed, this rank
+        self.sent = 0.0                                  # the bytes this rank sent (counted per call)
         self.shards = None
         if config.zero < 3:
             # Every rank draws different initial values; the broadcast makes rank 0's everyone's.
@@ -223,7 +224,7 @@ class Trainer:
                        algorithm=self.config.algorithm)
         self.traffic[0] += self.buckets
         self.traffic[1] += self.model.grads.nbytes
-        self.traffic[2] += self.sent_by_allreduce(self.model.grads.nbytes)
+        self.sent += self.sent_by_allreduce(self.model.grads.nbytes)
         t2 = time.perf_counter()
         # Every rank holds bitwise the same average, so every rank reaches the same verdict here
         # without another message.
@@ -341,7 +342,8 @@ class Trainer:
             "replicas_identical": identical,
             "params_digest": params_digest,
             "skipped_steps": self.skipped_steps,
-            "communication": modes.communication(*self.comm.allreduce(np.array(self.traffic, dtype=np.float64)) / self.ranks,
+            "communication": modes.communication(*self.comm.allreduce(np.array([*self.traffic, self.sent],
+                                                                               dtype=np.float64)) / self.ranks,
                                                  samples, self.step - self.first_step),
             "memory": self.memory(),
         }
