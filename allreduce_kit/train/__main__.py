@@ -36,7 +36,8 @@ from ..algorithms import ALGORITHMS
 from ..cli import RankZeroParser, is_root, outputs_problem, plural, say, write_json
 from ..launch import check_launch
 from ..threads import limit_threads
-from . import checkpoint, elastic, injob, modes, report, resize
+from . import checkpoint, elastic, injob, modes, report, resize, sharding
+from ..memory import available_bytes
 from .trainer import Config, NonFiniteError, ResumeError, Trainer
 from .signals import STOPPED_STATUS, StopSignals, Stopped
 # --mode sync|async-ps: the async side lives in async_main.py, the summary both share in summary.py
@@ -156,6 +157,7 @@ def build_parser() -> RankZeroParser:
     modes.add_arguments(p, _at_least)                  # --backup-workers, --local-sgd, ...
     async_main.add_arguments(p, _at_least)             # --mode, --servers, --max-staleness, ...
     elastic.add_arguments(p)                           # --elastic, -n, --min-ranks, --mpiexec
+    sharding.add_arguments(p)                          # --zero, --optimizer
     return p
 
 
@@ -306,8 +308,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
     given = given_options(parser, args, argv)
+    per_node = sharding.ranks_per_node(comm)
     problem = comm.bcast(settings_problem() or async_main.other_mode_problem(args, given)
                          or modes.problems(args, comm.Get_size(), given)
+                         or sharding.problems(args, comm.Get_size(), given, per_node, available_bytes())
                          or _problems(args, comm.Get_size()) or _reliability_problems(args, comm.Get_size())
                          or async_main.problems(args, comm.Get_size()), root=0)
     if problem:
@@ -358,6 +362,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         say(f"injected jitter: every rank +uniform(0, {2 * config.jitter_ms:g}) ms per step")
     if modes.header(config, ranks):
         say(modes.header(config, ranks))
+    say(sharding.header(trainer))
 
     bar = None
     use_bar = is_root() and (args.progress == "bar" or (args.progress == "auto" and sys.stderr.isatty()))
@@ -381,7 +386,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     resumed_from = trainer.resumed_from                # --json; a recovery in the job makes a trainer anew
     elastic.ignore_exit_notices()                      # under the supervisor: mpiexec's notices of ranks ending
-    if config.checkpoint_dir and trainer.strategy is None:   # SIGTERM/SIGUSR1: save at the next step boundary, exit 75
+    if config.checkpoint_dir and (trainer.strategy is None or trainer.shards is not None):   # SIGTERM/SIGUSR1: save at the next step boundary, exit 75
         trainer.stop = StopSignals(trainer.comm)
     try:
         progress = elastic.report_in(trainer)          # under the supervisor: pid, host, steps done
@@ -432,7 +437,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             alone["ratio"] = ratio
             bare = alone["bare_loop_transfer_ms_p50"]
             alone["bare_loop_ratio"] = s["transfer_ms_p50"] / bare if bare > 0 else float("nan")
-            say(f"\nallreduce of the {trainer.model.grads.nbytes / 1e6:.2f} MB gradient, transfer (median of"
+            say(f"\nallreduce of the {trainer.model.size * trainer.model.dtype.itemsize / 1e6:.2f} MB gradient, transfer (median of"
                 f" {plural(alone['calls'], 'call')}): in the trainer {s['transfer_ms_p50']:.3f} ms; alone back to back"
                 f" {alone['transfer_ms_p50']:.3f} ms (p10-p90 {alone['transfer_ms_p10']:.3f}-"
                 f"{alone['transfer_ms_p90']:.3f}), ratio {ratio:.3f}; in a bare compute-then-average loop"

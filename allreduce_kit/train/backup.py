@@ -128,6 +128,7 @@ class BackupWorkers:
             self.sets.add(tuple(sorted(int(r) for r in chosen)))
             t.traffic[0] += t.buckets
             t.traffic[1] += t.model.grads.nbytes
+            t.sent += t.sent_by_allreduce(t.model.grads.nbytes, len(chosen))
             self._serve_late(chosen, tag)
             status, self.sums = IN, np.array([loss, correct, len(idx)], dtype=np.float64)
         else:

@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import zipfile
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -247,8 +248,20 @@ def save(directory: str, step: int, arrays: Dict[str, np.ndarray], meta: Dict[st
             os.unlink(stale)
         except OSError:
             pass
-    tmp = os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}-{name_for(step)}")
-    record = json.dumps({**meta, "step": step, "format": FORMAT, "version": VERSION})
+    write(final, arrays, {**meta, "step": step})
+    own = [found.path for found in survey(directory) if found.readable and found.run == mine]
+    for old in own[:-keep]:
+        os.unlink(old)
+        shutil.rmtree(shards_dir(old), ignore_errors=True)     # a sharded run's blocks of it
+    return final
+
+
+def write(final: str, arrays: Dict[str, np.ndarray], meta: Dict[str, Any]) -> None:
+    """Write ``arrays`` and the record ``meta`` (with format, version and checksum) as the ``.npz``
+    ``final``, atomically: a temporary file in the same directory, flushed, fsynced, renamed."""
+    directory = os.path.dirname(os.path.abspath(final))
+    tmp = os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}-{os.path.basename(final)}")
+    record = json.dumps({**meta, "format": FORMAT, "version": VERSION})
     fields = {"meta": np.array(record), "checksum": np.array(checksum(arrays, record)), **arrays}
     try:
         with open(tmp, "wb") as out:
@@ -260,10 +273,89 @@ def save(directory: str, step: int, arrays: Dict[str, np.ndarray], meta: Dict[st
         if os.path.exists(tmp):
             os.unlink(tmp)
     _fsync_directory(directory)
-    own = [found.path for found in survey(directory) if found.readable and found.run == mine]
-    for old in own[:-keep]:
-        os.unlink(old)
-    return final
+
+
+# -- sharded checkpoints (python -m allreduce_kit.train --zero 1|2|3) --------------------------------
+#: How a sharded checkpoint's blocks are cut, as its manifest names it.
+BLOCK_RULE = "allreduce_kit.blocks.block(stop - start, ranks, rank) of every unit [start, stop)"
+
+
+def shards_dir(path: str) -> str:
+    """The directory of a sharded checkpoint's per-rank files, beside its manifest ``path``."""
+    return path[:-len(".npz")] + ".shards" if path.endswith(".npz") else path + ".shards"
+
+
+def shard_name(rank: int) -> str:
+    return f"rank-{rank:05d}.npz"
+
+
+def is_sharded(meta: Mapping[str, Any]) -> bool:
+    """Whether a checkpoint's record is a sharded run's manifest (its arrays in per-rank files)."""
+    return isinstance(meta.get("sharded"), dict)
+
+
+def read_sharded(path: str, meta: Mapping[str, Any], names: List[str],
+                 into: Optional[Dict[str, np.ndarray]] = None) -> Dict[str, np.ndarray]:
+    """The whole flat arrays ``names`` (``params`` and the optimizer state's) of the sharded
+    checkpoint whose manifest at ``path`` holds ``meta``: every rank's file read and verified in
+    turn, its blocks put in place (``into``, or new arrays). Holds one rank's file at a time besides
+    the result. ``CheckpointError`` naming the file if one is missing, unsound, of another run,
+    stage or rank count than the manifest says, or lacks an array."""
+    record = meta["sharded"]
+    ranks, units, size = int(record["ranks"]), [tuple(u) for u in record["units"]], int(record["size"])
+    dtype = np.dtype(meta.get("dtype", "float32"))
+    out = into if into is not None else {name: np.empty(size, dtype) for name in names}
+    folder = shards_dir(path)
+    from ..blocks import block
+    for rank in range(ranks):
+        file = os.path.join(folder, shard_name(rank))
+        try:
+            arrays, shard = load(file)
+        except FileNotFoundError:
+            raise CheckpointError(f"{file} is missing: the sharded checkpoint {path} names {ranks} rank files") from None
+        expected = {"rank": rank, "ranks": ranks, "stage": record["stage"], "step": meta.get("step"),
+                    "run": meta.get("run")}
+        for key, value in expected.items():
+            if shard.get(key) != value:
+                raise CheckpointError(f"{file} is not rank {rank}'s file of {path}: its record has {key} "
+                                      f"{shard.get(key)!r} where the manifest says {value!r}")
+        at = 0
+        pieces = [(a + block(b - a, ranks, rank)[0], a + block(b - a, ranks, rank)[1]) for a, b in units]
+        length = sum(hi - lo for lo, hi in pieces)
+        for name in names:
+            got = arrays.get(name)
+            if got is None or got.shape != (length,):
+                raise CheckpointError(f"{file} holds {name} of shape {None if got is None else got.shape}; rank "
+                                      f"{rank}'s blocks by the manifest's rule have {length} elements")
+        for lo, hi in pieces:
+            for name in names:
+                out[name][lo:hi] = arrays[name][at:at + hi - lo]
+            at += hi - lo
+        del arrays
+    return out
+
+
+def consolidate(source: str, out: str) -> str:
+    """Write the newest sharded checkpoint in directory ``source`` (or the manifest ``source``) as
+    one whole checkpoint at ``out``: every array whole, the manifest's record without its
+    ``sharded`` part. Returns the manifest's path. ``CheckpointError``/``FileNotFoundError`` say
+    what is wrong."""
+    path = source
+    if os.path.isdir(source):
+        found = [f for f in survey(source) if f.readable]
+        if not found:
+            raise FileNotFoundError(f"no checkpoint in {source} (no checkpoint-*.npz)")
+        path = found[-1].path
+    _, meta = load(path)
+    if not is_sharded(meta):
+        raise CheckpointError(f"{path} is not a sharded checkpoint (a --zero 0 run's is whole already)")
+    names = list(meta["sharded"]["arrays"])
+    arrays = read_sharded(path, meta, names)
+    whole = {key: value for key, value in meta.items() if key not in ("sharded", "format", "version")}
+    whole["consolidated_from"] = {"path": os.path.abspath(path), "stage": meta["sharded"]["stage"],
+                                  "ranks": meta["sharded"]["ranks"]}
+    write(out, arrays, whole)
+    return path
 
 
 def load(path: str) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:

@@ -80,7 +80,8 @@ class Snapshot:
         now = trainer._open_epoch()
         gathered = trainer.comm.allgather((trainer.jitter_rng.bit_generator.state, None if now is None else now[0]))
         self.step = trainer.step
-        self.arrays = {"params": trainer.model.params.copy(), "velocity": trainer.optimizer.velocity.copy()}
+        self.arrays = {"params": trainer.model.params.copy(),
+                       **{name: state.copy() for name, state in trainer.optimizer.state().items()}}
         self.meta = copy.deepcopy(trainer.checkpoint_meta(gathered, now))
 
 

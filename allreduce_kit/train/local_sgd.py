@@ -65,6 +65,7 @@ class LocalSGD:
         average_buffer(buf, bucket_mb=t.config.bucket_mb, comm=t.comm, algorithm=t.config.algorithm)
         t.traffic[0] += len(bucket_bounds(buf.size, buf.itemsize, t.config.bucket_mb))
         t.traffic[1] += buf.nbytes
+        t.sent += t.sent_by_allreduce(buf.nbytes)
 
     def _average_replicas(self, k: int) -> None:
         """Average parameters (and momentum) in one buffer, and take the average on every rank."""

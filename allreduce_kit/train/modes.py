@@ -61,6 +61,8 @@ def method(config: Any) -> str:
 def strategy_for(trainer: Any) -> Optional[Any]:
     """The object that finishes a step after the compute, or None for plain sync (collective)."""
     config = trainer.config
+    if getattr(trainer, "shards", None) is not None:   # --zero 1, 2, 3 (sharding.py)
+        return trainer.shards
     if config.backup_workers > 0:
         from .backup import BackupWorkers
         return BackupWorkers(trainer, config.backup_workers)
@@ -88,12 +90,15 @@ def apply_update(trainer: Any, step: int) -> None:
     trainer.optimizer.step(trainer.model.params, trainer.model.grads, lr)
 
 
-def communication(calls: float, nbytes: float, samples: int) -> Dict[str, Any]:
-    """The model's allreduce calls and the bytes handed to them, per rank (the mean over ranks: with backup
-    workers a late rank makes none), and per sample trained."""
+def communication(calls: float, nbytes: float, sent: float, samples: int, steps: int) -> Dict[str, Any]:
+    """The model's collective calls and the bytes handed to them, per rank (the mean over ranks: with backup
+    workers a late rank makes none), and per sample trained; and the bytes a rank sends per step, counted per
+    call as a bandwidth-optimal schedule sends them (allreduce 2(p-1)/p of the buffer, reduce-scatter and
+    allgather (p-1)/p; ``--zero`` runs the latter two: ``allreduce_calls`` then counts its reduce-scatters)."""
     return {"allreduce_calls": float(calls), "allreduce_bytes": float(nbytes), "samples": int(samples),
             "calls_per_sample": calls / samples if samples else 0.0,
-            "bytes_per_sample": nbytes / samples if samples else 0.0}
+            "bytes_per_sample": nbytes / samples if samples else 0.0,
+            "bytes_sent": float(sent), "bytes_sent_per_step": sent / steps if steps else 0.0}
 
 
 def idle_options(mode: str, config: Any) -> Set[str]:

@@ -11,7 +11,7 @@ def model_line(trainer: Any, requested_batch: int, algorithm: str) -> str:
     config, model, accum, ranks = trainer.config, trainer.model, trainer.plan.accum, trainer.ranks
     lowered = requested_batch > config.batch_size and not trainer.resize_note
     return (f"model: MLP {model.describe()}, {model.size:,} parameters, one {config.dtype} gradient buffer of "
-            f"{model.grads.nbytes / 1e6:.2f} MB in {plural(trainer.buckets, 'bucket')}; batch {config.batch_size}/rank"
+            f"{model.size * model.dtype.itemsize / 1e6:.2f} MB in {plural(trainer.buckets, 'bucket')}; batch {config.batch_size}/rank"
             + (f" x {accum} accumulation steps" if accum > 1 else "")
             + f" ({config.batch_size * ranks * accum} global"
             + (f"; --batch-size {requested_batch} is more than a rank's shard" if lowered else "")

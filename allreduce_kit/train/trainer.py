@@ -22,7 +22,7 @@ from ..params import average_buffer, bucket_bounds, broadcast_parameters
 from . import checkpoint, data, modes, resize
 from .signals import StopSignals, stop_if_asked
 from .model import MLP
-from .optimizer import SGD, learning_rate
+from .optimizer import OPTIMIZERS, learning_rate, make_optimizer
 from .summary import epoch_record
 from .timing import StepTimer, analyse, pause
 
@@ -63,6 +63,8 @@ class Config:
     local_sgd_momentum: str = "average"
     accum_steps: Optional[int] = None                 # micro-batches per step (None: 1, or what a resize chooses)
     on_resize: str = "keep-batch"                     # or "rescale-lr" (resize.py)
+    optimizer: str = "sgd"                            # or "adam" (optimizer.py)
+    zero: int = 0                                     # sharded data parallelism, stages 1-3 (sharding.py)
 
     def as_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -112,6 +114,8 @@ class Trainer:
     def __init__(self, config: Config, comm: Optional[MPI.Intracomm] = None,
                  dataset: Optional[data.Dataset] = None, snapshot: Optional[Tuple[Dict[str, np.ndarray], Dict[str, Any]]] = None):
         modes.check(config, (comm or MPI.COMM_WORLD).Get_size())   # before any message
+        from .sharding import check as check_sharding
+        check_sharding(config, (comm or MPI.COMM_WORLD).Get_size())
         self.comm = (comm or MPI.COMM_WORLD).Dup()       # the trainer's own few messages
         self.rank, self.ranks = self.comm.Get_rank(), self.comm.Get_size()
         self.data = dataset if dataset is not None else load_data(config)
@@ -125,11 +129,25 @@ class Trainer:
         #: The run's configuration, with ``batch_size`` lowered to a rank's shard if it was larger.
         self.config = config = replace(config, batch_size=data.shard_batch(len(self.data.y_train), self.ranks,
                                                                            config.batch_size))
-        self.model = MLP(self.data.features, config.hidden, self.data.classes, dtype=config.dtype)
-        # Every rank draws different initial values; the broadcast makes rank 0's everyone's.
-        self.model.init(np.random.default_rng([config.seed, 4, self.rank]))
-        broadcast_parameters(self.model.params, root=0, comm=self.comm)
-        self.optimizer = SGD(self.model.size, self.model.dtype, config.momentum, config.weight_decay)
+        self.model = MLP(self.data.features, config.hidden, self.data.classes, dtype=config.dtype,
+                         buffers=config.zero < 3)
+        #: What the model's passes take their parameters from and give their gradients to (None: its
+        #: own buffers; sharding.py at --zero 2 and 3).
+        self.layers = None
+        self.eval_layers = None                          # and the forward passes that measure accuracy
+        self.traffic = [0, 0]                            # the model's collective calls and bytes handed, this rank
+        self.sent = 0.0                                  # the bytes this rank sent (counted per call)
+        self.shards = None
+        if config.zero < 3:
+            # Every rank draws different initial values; the broadcast makes rank 0's everyone's.
+            self.model.init(np.random.default_rng([config.seed, 4, self.rank]))
+            broadcast_parameters(self.model.params, root=0, comm=self.comm)
+        if config.zero:                                  # its own optimizer, for this rank's shard
+            from .sharding import Sharded
+            self.shards = Sharded(self, config.zero)
+        else:
+            self.optimizer = make_optimizer(config.optimizer, self.model.size, self.model.dtype, config.momentum,
+                                            config.weight_decay)
         #: Which samples each step takes (resize.py); a resume moves it to the checkpoint's sample.
         self.plan = resize.Plan(len(self.data.y_train), self.ranks, self.rank, config.batch_size,
                                 config.accum_steps or 1, config.seed)
@@ -156,18 +174,21 @@ class Trainer:
         self.buckets = len(self.bounds)
         if config.resume or snapshot is not None:    # snapshot: (arrays, meta) every rank holds (injob.py)
             self._resume(snapshot)
+        self.first_step = self.step                      # the steps this run takes start here
         # One untimed pass first: the first compute, collective and update pay for loading
         # compiled kernels, starting BLAS and setting up connections, which would otherwise
         # show up as the first steps of epoch 1. (The gradient it leaves is overwritten.)
-        self.model.forward_backward(self.data.X_train[:2], self.data.y_train[:2])
-        average_buffer(self.model.grads.copy(), bucket_mb=config.bucket_mb, comm=self.comm,
-                       algorithm=config.algorithm)
-        self.optimizer.warm_up()
-        self.comm.Barrier()
+        if self.shards is not None:
+            self.shards.warm_up()
+        else:
+            self.model.forward_backward(self.data.X_train[:2], self.data.y_train[:2])
+            average_buffer(self.model.grads.copy(), bucket_mb=config.bucket_mb, comm=self.comm,
+                           algorithm=config.algorithm)
+            self.optimizer.warm_up()
+            self.comm.Barrier()
         #: The algorithm each bucket's allreduce runs first: ``auto``'s choice by size (for the report;
         #: online tuning may settle on another, which ``results`` reports).
         self.bucket_algorithms = self._algorithms_ran()
-        self.traffic = [0, 0]                            # the model's allreduce calls and bytes, this rank
         self.strategy = modes.strategy_for(self)         # backup workers or local SGD; None: plain sync
 
     def _algorithms_ran(self) -> List[str]:
@@ -183,11 +204,13 @@ class Trainer:
     def train_step(self, idx: np.ndarray) -> Tuple[float, int]:
         """Compute, average, update on this rank's batch ``idx``; records the three times."""
         t0 = time.perf_counter()
+        if self.shards is not None:
+            self.shards.nan_next = self.nan_at == self.step + 1
         if self.plan.accum > 1:                          # --accum-steps: micro-batches averaged here
             loss, correct = resize.accumulate(self, idx)
         else:
-            loss, correct = self.model.forward_backward(self.data.X_train[idx], self.data.y_train[idx])
-        if self.nan_at == self.step + 1:
+            loss, correct = self.model.forward_backward(self.data.X_train[idx], self.data.y_train[idx], self.layers)
+        if self.nan_at == self.step + 1 and self.model.grads is not None:
             self.model.grads[0] = np.nan                 # --inject-nan: a testing aid
         if self.delay:
             pause(self.delay)
@@ -201,6 +224,7 @@ class Trainer:
                        algorithm=self.config.algorithm)
         self.traffic[0] += self.buckets
         self.traffic[1] += self.model.grads.nbytes
+        self.sent += self.sent_by_allreduce(self.model.grads.nbytes)
         t2 = time.perf_counter()
         # Every rank holds bitwise the same average, so every rank reaches the same verdict here
         # without another message.
@@ -215,6 +239,12 @@ class Trainer:
         self.timer.record(t1 - t0, t2 - t1, t3 - t2)
         self.step += 1
         return loss, correct
+
+    def sent_by_allreduce(self, nbytes: int, ranks: Optional[int] = None) -> float:
+        """The bytes a rank sends averaging ``nbytes`` over ``ranks`` (default: all) by a
+        bandwidth-optimal allreduce: 2(p-1)/p of them."""
+        p = self.ranks if ranks is None else ranks
+        return 2.0 * nbytes * (p - 1) / p
 
     def total_steps(self) -> int:
         total = self.plan.total_steps(self.config.epochs)
@@ -277,7 +307,7 @@ class Trainer:
         test = slice(self.rank, None, self.ranks)
         totals = np.zeros(5, dtype=np.float64)         # loss, correct, samples, test correct, test samples
         totals[:3] = sums
-        totals[3] = self.model.evaluate(self.data.X_test[test], self.data.y_test[test])
+        totals[3] = self.model.evaluate(self.data.X_test[test], self.data.y_test[test], layers=self.eval_layers)
         totals[4] = len(self.data.y_test[test])
         allreduce(totals, op="sum", comm=self.comm)
         seconds = float(self.comm.bcast(elapsed, root=0))
@@ -287,7 +317,8 @@ class Trainer:
     # -- the end ----------------------------------------------------------------------------
     def replicas_identical(self) -> Tuple[bool, str]:
         """Whether every rank holds bitwise the same parameters (collective); and rank 0's digest."""
-        digests = self.comm.allgather(digest(self.model.params))
+        mine = digest(self.model.params) if self.shards is None else self.shards.params_digest()
+        digests = self.comm.allgather(mine)
         return all(d == digests[0] for d in digests), digests[0]
 
     def results(self) -> Dict[str, Any]:
@@ -311,14 +342,21 @@ class Trainer:
             "replicas_identical": identical,
             "params_digest": params_digest,
             "skipped_steps": self.skipped_steps,
-            "communication": modes.communication(*self.comm.allreduce(np.array(self.traffic, dtype=np.float64)) / self.ranks,
-                                                 samples),
+            "communication": modes.communication(*self.comm.allreduce(np.array([*self.traffic, self.sent],
+                                                                               dtype=np.float64)) / self.ranks,
+                                                 samples, self.step - self.first_step),
+            "memory": self.memory(),
         }
         if records is not None:
             out["straggler"] = analyse(records, self.hosts)
         if self.strategy is not None:
             self.strategy.amend(out, records)           # collective
         return out
+
+    def memory(self) -> Dict[str, Any]:
+        """The model state each rank holds, beside the estimate, and peak RSS (collective; sharding.py)."""
+        from .sharding import memory_report
+        return memory_report(self)
 
     def allreduce_alone(self, calls: int) -> Optional[Dict[str, float]]:
         """Time ``calls`` gradient averages of the same buffer and buckets, outside the trainer.
@@ -387,9 +425,13 @@ class Trainer:
         uninterrupted run reports (losses, accuracies, samples, steps; not its timings)."""
         now = self._open_epoch()
         gathered = self.comm.gather((self.jitter_rng.bit_generator.state, None if now is None else now[0]), root=0)
-        if self.rank == 0:
+        if self.shards is not None:                      # every rank its blocks, rank 0 the manifest
+            self.shards.save(self.config.checkpoint_dir, self.step,
+                             self.checkpoint_meta(gathered, now) if self.rank == 0 else None,
+                             self.config.keep_checkpoints)
+        elif self.rank == 0:
             checkpoint.save(self.config.checkpoint_dir, self.step,
-                            {"params": self.model.params, "velocity": self.optimizer.velocity},
+                            {"params": self.model.params, **self.optimizer.state()},
                             self.checkpoint_meta(gathered, now), keep=self.config.keep_checkpoints)
         self.saved_step = self.step
 
@@ -405,7 +447,8 @@ class Trainer:
                 "history": [e for e in self.history if e["epoch"] <= done],
                 "open_epoch": None if now is None else {"epoch": done, "sums": [sums for _, sums in gathered],
                                                         "seconds": now[1]},
-                "config": self.config.as_dict(), **self._position_record(into)}
+                "config": self.config.as_dict(), "optimizer_scalars": self.optimizer.scalars(),
+                **self._position_record(into)}
         return meta
 
     def _position_record(self, into: int) -> Dict[str, Any]:
@@ -433,11 +476,20 @@ class Trainer:
         if meta["widths"] != self.model.widths or meta["dtype"] != self.model.dtype.name:
             return (f"{path} holds a {'-'.join(map(str, meta['widths']))} {meta['dtype']} model, this run builds "
                     f"{self.model.describe()} {self.model.dtype.name}")
-        for name, expected in (("params", self.model.params), ("velocity", self.optimizer.velocity)):
+        needed = ["params", *self.optimizer.state()]
+        held = meta["sharded"]["arrays"] if checkpoint.is_sharded(meta) else sorted(arrays)
+        missing = [name for name in needed if name not in held]
+        if missing:
+            return (f"{path} holds {', '.join(held)}; this run's --optimizer {self.config.optimizer} needs "
+                    f"{', '.join(missing)} (resume with the --optimizer that wrote it)")
+        if checkpoint.is_sharded(meta):                  # the blocks are checked as they are read
+            return None if meta["sharded"].get("size") == self.model.size else \
+                f"{path} holds {meta['sharded'].get('size')} parameters, this model has {self.model.size}"
+        for name in needed:
             got = arrays.get(name)
-            if got is None or got.shape != expected.shape or got.dtype != expected.dtype:
+            if got is None or got.shape != (self.model.size,) or got.dtype != self.model.dtype:
                 return (f"{path} holds {name} of shape {None if got is None else got.shape}, this model needs "
-                        f"{expected.shape} {expected.dtype}")
+                        f"{(self.model.size,)} {self.model.dtype}")
         return None
 
     def _resume(self, snapshot: Optional[Tuple[Dict[str, np.ndarray], Dict[str, Any]]] = None) -> None:
@@ -450,7 +502,8 @@ class Trainer:
         directory = self.config.checkpoint_dir
         if snapshot is not None:                          # held by every rank: nothing to read
             self.model.params[...] = snapshot[0]["params"]
-            self.optimizer.velocity[...] = snapshot[0]["velocity"]
+            for name, state in self.optimizer.state().items():
+                state[...] = snapshot[0][name]
             meta = snapshot[1]
         elif self.rank == 0:
             try:
@@ -468,9 +521,10 @@ class Trainer:
                     error = f"{path} is another run's ({others[-1][2]})"
                 if error is not None and not own:
                     error += f"; {directory} holds no checkpoint of this run"
-                if error is None:
+                if error is None and self.shards is None and not checkpoint.is_sharded(meta):
                     self.model.params[...] = arrays["params"]
-                    self.optimizer.velocity[...] = arrays["velocity"]
+                    for name, state in self.optimizer.state().items():
+                        state[...] = arrays[name]
             except FileNotFoundError:
                 error = f"no checkpoint in {directory} (no checkpoint-*.npz)"
             except checkpoint.CheckpointError as bad:
@@ -485,8 +539,10 @@ class Trainer:
         error, meta, path, others = self.comm.bcast((error, meta, path, others), root=0)
         if error:
             raise ResumeError(error)
-        broadcast_parameters(self.model.params, root=0, comm=self.comm)
-        broadcast_parameters(self.optimizer.velocity, root=0, comm=self.comm)
+        if snapshot is None:
+            self._load_arrays(path, meta, arrays if self.rank == 0 else {})
+        else:
+            self.optimizer.load_scalars(meta.get("optimizer_scalars", {}))
         self.step = self.saved_step = int(meta["step"])
         self._resize(meta)
         self.skipped_steps = list(meta.get("skipped_steps", []))
@@ -502,6 +558,38 @@ class Trainer:
         self.resumed_from = path
         if others:
             self._other_runs(directory, others)
+
+    def _load_arrays(self, path: str, meta: Dict[str, Any], arrays: Dict[str, np.ndarray]) -> None:
+        """Take the checkpoint's parameters and optimizer state (collective): a whole checkpoint's
+        from rank 0 (``arrays``, read there), a sharded one's read by every rank from the rank files;
+        a sharded run keeps its blocks of them (sharding.py), at any stage and rank count."""
+        names = ["params", *self.optimizer.state()]
+        if checkpoint.is_sharded(meta):
+            error = None
+            try:
+                arrays = checkpoint.read_sharded(path, meta, names)
+            except (checkpoint.CheckpointError, OSError, ValueError) as bad:
+                error = f"--resume: {bad}"
+            errors = [e for e in self.comm.allgather(error) if e]
+            if errors:
+                raise ResumeError(errors[0])
+        elif self.shards is not None:                    # a whole checkpoint, read by rank 0
+            if self.rank != 0:
+                arrays = {name: np.empty(self.model.size, self.model.dtype) for name in names}
+            for name in names:
+                broadcast_parameters(arrays[name], root=0, comm=self.comm)
+        else:
+            broadcast_parameters(self.model.params, root=0, comm=self.comm)
+            for state in self.optimizer.state().values():
+                broadcast_parameters(state, root=0, comm=self.comm)
+            arrays = {}
+        if self.shards is not None:
+            self.shards.load(arrays)
+        elif arrays:
+            self.model.params[...] = arrays["params"]
+            for name, state in self.optimizer.state().items():
+                state[...] = arrays[name]
+        self.optimizer.load_scalars(meta.get("optimizer_scalars", {}))
 
     def _other_runs(self, directory: str, others: List[Tuple[int, str, str, str]]) -> None:
         """Refuse to go on where this run would write over another run's checkpoint (a step between its

@@ -58,6 +58,22 @@ ALGORITHMS: Dict[str, Algorithm] = {}
 SMALL = 64 << 10
 
 
+#: allreduce algorithm -> the reduce-scatter algorithm that folds every block the way it does, so
+#: that block r of ``reduce_scatter(buf, op=op, algorithm=SAME_FOLDS[name])`` is bitwise block r of
+#: ``allreduce(buf, op=op, algorithm=name)`` at every rank count (floating-point sums and products
+#: depend on the order of folding; swapping two operands of one fold does not change them):
+#: ``ring`` and ``two_shot`` fold block r starting from rank r's copy, then r+1, r+2, ... (mod p), as
+#: ``pairwise`` does; ``rabenseifner`` and ``recursive_doubling`` fold pairs across one rank bit at
+#: a time after the same folding of rank counts that are not a power of two, as
+#: ``recursive_halving`` does; ``shared_memory`` folds every element in rank order, 0, 1, ...,
+#: p-1, as allreduce's ``shared_memory`` does. The other allreduce algorithms (and MPI's own of either) fold in
+#: orders none of these does: their results agree to rounding only. A sharded optimizer that must
+#: update what the unsharded one would (``python -m allreduce_kit.train --zero``) takes its
+#: reduce-scatter from here.
+SAME_FOLDS: Dict[str, str] = {"ring": "pairwise", "two_shot": "pairwise",
+                              "rabenseifner": "recursive_halving", "recursive_doubling": "recursive_halving",
+                              "shared_memory": "shared_memory"}
+
 #: Decorator: add an algorithm to ``ALGORITHMS`` under ``name``.
 register = registrar(ALGORITHMS)
 
