@@ -35,6 +35,7 @@ import numpy as np
 from .. import direct as transport
 from .. import registrar
 from ...comm import LibraryComm
+from ... import multinode
 
 Algorithm = Callable[[LibraryComm, np.ndarray, Sequence[int]], None]
 
@@ -53,9 +54,11 @@ register = registrar(ALGORITHMS)
 
 def choose(comm: LibraryComm, nbytes: int) -> str:
     """``auto``'s algorithm for an ``out`` of ``nbytes`` on ``comm`` (the same on every rank)."""
+    if not comm.layout.single_node and nbytes >= multinode.crossover(comm.layout):
+        return "hierarchical"  # across nodes, from where allreduce's auto runs its own hierarchical
     if nbytes < SMALL:
         return "recursive_doubling"
     return "pairwise" if transport.peers_for(comm) is not None else "ring"
 
 
-from . import ring, recursive_doubling, pairwise, mpi  # noqa: E402,F401  (each module registers itself)
+from . import ring, recursive_doubling, pairwise, mpi, hierarchical  # noqa: E402,F401  (each module registers itself)

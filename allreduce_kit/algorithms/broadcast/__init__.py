@@ -31,6 +31,7 @@ import numpy as np
 from .. import direct as transport
 from .. import registrar
 from ...comm import LibraryComm
+from ... import multinode
 
 Algorithm = Callable[[LibraryComm, np.ndarray, int], None]
 
@@ -50,6 +51,8 @@ register = registrar(ALGORITHMS)
 
 def choose(comm: LibraryComm, nbytes: int) -> str:
     """``auto``'s algorithm for a buffer of ``nbytes`` on ``comm`` (the same on every rank)."""
+    if not comm.layout.single_node and nbytes >= multinode.crossover(comm.layout):
+        return "hierarchical"  # across nodes, from where allreduce's auto runs its own hierarchical
     if nbytes < SMALL:
         return "binomial"
     if comm.nranks < 4:
@@ -57,4 +60,4 @@ def choose(comm: LibraryComm, nbytes: int) -> str:
     return "direct" if transport.peers_for(comm) is not None else "scatter_allgather"
 
 
-from . import binomial, scatter_allgather, direct, mpi  # noqa: E402,F401  (each module registers itself)
+from . import binomial, scatter_allgather, direct, mpi, hierarchical  # noqa: E402,F401  (each module registers itself)

@@ -38,6 +38,7 @@ import numpy as np
 from .. import direct as transport
 from .. import registrar
 from ...comm import LibraryComm
+from ... import multinode
 from ...reduction import Reduction
 
 Algorithm = Callable[[LibraryComm, np.ndarray, np.ndarray, Reduction], None]
@@ -57,9 +58,11 @@ register = registrar(ALGORITHMS)
 
 def choose(comm: LibraryComm, nbytes: int) -> str:
     """``auto``'s algorithm for a buffer of ``nbytes`` on ``comm`` (the same on every rank)."""
+    if not comm.layout.single_node and nbytes >= multinode.crossover(comm.layout):
+        return "hierarchical"  # across nodes, from where allreduce's auto runs its own hierarchical
     if nbytes < SMALL:
         return "recursive_halving"
     return "pairwise" if transport.peers_for(comm) is not None else "ring"
 
 
-from . import ring, recursive_halving, pairwise, mpi  # noqa: E402,F401  (each module registers itself)
+from . import ring, recursive_halving, pairwise, mpi, hierarchical  # noqa: E402,F401  (each module registers itself)
