@@ -19,8 +19,9 @@ on to the local peers as soon as it has arrived, while the next ones cross the l
 Any blocks in rank order (``Allgatherv``'s case, ``bounds``), any rank count, uneven nodes and
 block or round-robin placement: which rank stands in for which is the same map on every rank.
 On a communicator whose ranks are all on one node it runs what ``auto`` runs there. Across
-nodes, one ``Allreduce`` of four integers first makes every rank raise the same ``ValueError``
-if the ranks' ``out`` differ in length or dtype (``hierarchical`` allreduce's agreement).
+nodes, one ``Allreduce`` of four integers (``hierarchical`` allreduce's agreement) makes every
+rank raise the same ``ValueError`` if the ranks' ``out`` differ in length or dtype, before any
+message is sent.
 """
 from mpi4py import MPI
 
@@ -40,9 +41,10 @@ def allgather(comm, out, bounds):
         ALGORITHMS[choose(comm, out.nbytes)](comm, out, bounds)
         return
     plan = plan_of(comm)
-    allreduce_plan._agree(comm, plan, out)
     node, cp, me = plan.node, counterparts.of(comm), comm.myrank
     isz = out.itemsize
+    peers = direct.peers_for(node) if node.nranks > 1 else None
+    allreduce_plan._agree(comm, plan, out)
     # step 1: the blocks this rank stands in for, from their ranks; its own block to its counterparts
     arriving = []
     for b in cp.stands_in_for(me):
@@ -52,15 +54,13 @@ def allgather(comm, out, bounds):
     lo, hi = bounds[me], bounds[me + 1]
     cut = counterparts.cuts(hi - lo, isz, PIECE)
     sends = [comm.Isend([out[lo + s:lo + e], MPI.BYTE], to, TAG) for to in cp.others(me) for s, e in cut]
-    # step 2: inside the node
-    peers = direct.peers_for(node) if node.nranks > 1 else None
-    if peers is not None:
+    if peers is not None:  # while the first pieces cross the link, the node's ranks wait for each other
         state, iov = peers.state, peers.iov
         first = direct.begin(state, out, TAG)
         if direct.wait_all(state, first) != 0:
             raise RuntimeError(_failed(me, "a node's buffers differ after the ranks agreed on them"))
-        pieces = [(lo + s, lo + e, None) for s, e in cut] + arriving
-        for start, stop, request in pieces:
+        # step 2: inside the node, each piece as soon as it is here
+        for start, stop, request in [(lo + s, lo + e, None) for s, e in cut] + arriving:
             if request is not None:
                 request.Wait()
             if direct.push_to_peers(state, out[start:stop], start * isz, iov) != 0:

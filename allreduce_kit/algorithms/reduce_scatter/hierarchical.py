@@ -30,8 +30,11 @@ node order, so integers are exact and floats may differ from ``mpi``'s in the la
 ``mean`` sums and divides once, at the end.
 
 On a communicator whose ranks are all on one node it runs what ``auto`` runs there. Across
-nodes, one ``Allreduce`` of four integers first makes every rank raise the same ``ValueError``
-if the ranks' buffers differ in length or dtype (``hierarchical`` allreduce's agreement).
+nodes, one ``Allreduce`` of four integers (``hierarchical`` allreduce's agreement) makes every
+rank raise the same ``ValueError`` if the ranks' buffers differ in length or dtype, before any
+message is sent: started before step 1 and waited for before its first message where step 1
+reads directly (which compares the node's buffers before it reads any), so that its round
+trips across the nodes overlap the node's first folds; else before step 1.
 """
 from mpi4py import MPI
 
@@ -59,27 +62,39 @@ def reduce_scatter(comm, buf, out, op):
         ALGORITHMS[choose(comm, buf.nbytes)](comm, buf, out, op)
         return
     plan = plan_of(comm)
-    allreduce_plan._agree(comm, plan, buf)
     node, cp, me = plan.node, counterparts.of(comm), comm.myrank
     bounds = bounds_array(buf.size, comm.nranks)
     base = comm.reductions[op.base]
     isz = buf.itemsize
-    # the other nodes' partial results of this rank's block, in node order, posted first
     lo, hi = int(bounds[me]), int(bounds[me + 1])
     sources = cp.others(me)
     incoming = comm.scratch(len(sources) * (hi - lo), buf.dtype, INCOMING)
     cut = counterparts.cuts(hi - lo, isz, PIECE)
-    arriving = [[comm.Irecv([incoming[k * (hi - lo) + s:k * (hi - lo) + e], MPI.BYTE], source, TAG) for s, e in cut]
-                for k, source in enumerate(sources)]
     # step 1 folds into staging the blocks this rank stands in for (each sent on to its rank), then its own
     jobs = [(b, int(bounds[b]), int(bounds[b + 1])) for b in cp.stands_in_for(me)] + [(me, lo, hi)]
     staging = comm.scratch(sum(stop - start for _, start, stop in jobs), buf.dtype, STAGING)
-    sends = []
+    arriving, sends = [], []
     peers = direct.peers_for(node) if node.nranks > 1 and op.code is not None else None
-    if peers is not None:
+    agreeing = allreduce_plan._start_agreeing(comm, plan, buf) if peers is not None else None
+    if agreeing is None:  # messages of different lengths must not be sent: agree first
+        allreduce_plan._agreed(comm, plan, buf, allreduce_plan._start_agreeing(comm, plan, buf))
+
+    def agreed() -> None:
+        """Once the ranks agree on their buffers: post the receives of the other nodes' partial
+        results of this rank's block, in node order."""
+        nonlocal agreeing
+        if agreeing is not None:
+            allreduce_plan._agreed(comm, plan, buf, agreeing)
+            agreeing = None
+        if not arriving:
+            arriving.extend([comm.Irecv([incoming[k * (hi - lo) + s:k * (hi - lo) + e], MPI.BYTE], source, TAG)
+                             for s, e in cut] for k, source in enumerate(sources))
+
+    if peers is not None:  # the agreement's round trips overlap the node's first folds
         state, piece, iov = peers.state, peers.piece(buf.dtype), peers.iov
         first = direct.begin(state, buf, TAG)
         if direct.wait_all(state, first) != 0:
+            agreed()  # a node whose buffers differ raises here, on every rank
             raise RuntimeError(_failed(me, "a node's buffers differ after the ranks agreed on them"))
         at = 0
         for b, start, stop in jobs:
@@ -90,11 +105,14 @@ def reduce_scatter(comm, buf, out, op):
                     if direct.fold_from_peers(state, mine, (start + s + u) * isz, piece, iov, op.code) != 0:
                         raise RuntimeError(_failed(me, "reading a peer's buffer failed"))
                 if b != me:
+                    agreed()
                     sends.append(comm.Isend([staging[at + s:at + e], MPI.BYTE], b, TAG))
             at += stop - start
         if direct.leave(state, first) != 0:
             raise RuntimeError(_failed(me, "a peer left the call"))
+        agreed()
     else:
+        agreed()
         _fold_by_messages(node, cp, cp.node_of[me], bounds, buf, staging, base)
         at = 0
         for b, start, stop in jobs[:-1]:
