@@ -47,7 +47,8 @@ def cluster(*args: str, timeout: float = 600) -> str:
 
 
 def bench(ranks: int, placement: str, sizes: str, out: Path, collective: str = "allreduce") -> dict:
-    which = ["-a", ALGORITHMS] if collective == "allreduce" else ["--collective", collective, "-a", COLLECTIVE_ALGORITHMS]
+    which = (["-a", ALGORITHMS] if collective == "allreduce"
+             else ["--collective", collective, "-a", COLLECTIVE_ALGORITHMS])
     cluster("run", "-n", str(ranks), "--placement", placement, "--timeout", "900", "--",
             sys.executable, "-m", "allreduce_kit.bench", *SIZES[sizes], *which, "--json", str(out),
             timeout=1000)

@@ -52,7 +52,7 @@ def test_pieces_are_cut_alike_from_the_length_alone():
 def test_auto_runs_hierarchical_across_nodes_where_allreduce_does(registry):
     assert "hierarchical" in registry.ALGORITHMS
     for shape in ((4, 4), (2, 2, 2, 2), (3, 5)):
-        comm = SimpleNamespace(layout=layout(*shape), nranks=sum(shape), state={direct.Peers: None})  # no direct reads
+        comm = SimpleNamespace(layout=layout(*shape), nranks=sum(shape), state={direct.Peers: None})  # messages
         edge = multinode.crossover(comm.layout)
         assert registry.choose(comm, 64 << 20) == "hierarchical"
         assert registry.choose(comm, edge) == "hierarchical"

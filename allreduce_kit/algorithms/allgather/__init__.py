@@ -22,11 +22,16 @@ name                     what it does                               when it is t
                          rank; on one node written straight into    copy per peer, no intermediate
                          the peers' ``out`` (``two_shot``'s second  buffer, one wait at the start and
                          shot), else p-1 exchanges of messages      one at the end
+``hierarchical``         across nodes first: each rank's block to   large messages across nodes: each
+                         its counterpart on every other node, then  node's link carries (N-1)/N n
+                         each rank writes its own and those it      each way, all its ranks at once
+                         received into its node's ranks
 ``mpi``                  MPI's own ``Allgather`` (blocks of one     the oracle and the yardstick
                          length) or ``Allgatherv``
 =======================  =========================================  =================================
 
-``algorithm="auto"`` picks one by the buffer's size and the rank count (``choose``).
+``algorithm="auto"`` picks one by the buffer's size and the rank count (``choose``), and
+``hierarchical`` across nodes where ``allreduce``'s ``auto`` runs its own (``multinode.crossover``).
 """
 from typing import Callable, Dict, Sequence
 

@@ -19,10 +19,14 @@ name                    what it does                                when it is t
 ``direct``              on one node every rank reads the root's     large messages on one node: one
                         buffer straight out of its memory, all at   copy per rank, all at once, no
                         once; elsewhere ``binomial``                intermediate buffer
+``hierarchical``        the root's counterparts, one per node,      large messages across nodes: each
+                        broadcast among themselves, then each       node's link carries n once
+                        inside its node (``direct``)
 ``mpi``                 MPI's own ``Bcast``                         the oracle and the yardstick
 ======================  ==========================================  =================================
 
-``algorithm="auto"`` picks one by the buffer's size and the rank count (``choose``).
+``algorithm="auto"`` picks one by the buffer's size and the rank count (``choose``), and
+``hierarchical`` across nodes where ``allreduce``'s ``auto`` runs its own (``multinode.crossover``).
 """
 from typing import Callable, Dict
 

@@ -25,11 +25,17 @@ name                   what it does                                 when it is t
                        of the peers' buffers a cached piece at a    wait at the start, one at the
                        time (``two_shot``'s first shot), else p-1   end, no partial sums passed on
                        exchanges of messages
+``hierarchical``       across nodes: each rank folds its node's     large messages across nodes: each
+                       copies of its block and of those it          node's link carries (N-1)/N n
+                       stands in for (``counterparts.py``), then    each way, all its ranks at once
+                       sends each on to its rank, which folds
+                       in the other nodes' partial results
 ``mpi``                MPI's own ``Reduce_scatter_block`` (blocks   the oracle and the yardstick
                        of one length) or ``Reduce_scatter``
 =====================  ===========================================  =================================
 
-``algorithm="auto"`` picks one by the buffer's size and the rank count (``choose``).
+``algorithm="auto"`` picks one by the buffer's size and the rank count (``choose``), and
+``hierarchical`` across nodes where ``allreduce``'s ``auto`` runs its own (``multinode.crossover``).
 """
 from typing import Callable, Dict
 
