@@ -57,7 +57,8 @@ def test_auto_runs_hierarchical_across_nodes_where_allreduce_does(registry):
         assert registry.choose(comm, 64 << 20) == "hierarchical"
         assert registry.choose(comm, edge) == "hierarchical"
         assert registry.choose(comm, edge - 1) != "hierarchical"
-    one_per_node = SimpleNamespace(layout=layout(1, 1), nranks=2, state={direct.Peers: None})  # nothing to share inside a node
+    # one rank per node: nothing to fold or share inside a node
+    one_per_node = SimpleNamespace(layout=layout(1, 1), nranks=2, state={direct.Peers: None})
     assert registry.choose(one_per_node, 64 << 20) != "hierarchical"
 
 
