@@ -65,13 +65,16 @@ def allgather(comm, out, bounds):
                 request.Wait()
             if direct.push_to_peers(state, out[start:stop], start * isz, iov) != 0:
                 raise RuntimeError(_failed(me, "writing into a peer's buffer failed"))
+        # this rank's sends finish before the wait below, which makes no MPI progress: a peer
+        # there may wait for what this rank sends to another node
+        MPI.Request.Waitall(sends)
         if direct.leave(state, first) != 0:
             raise RuntimeError(_failed(me, "a peer left the call"))
     else:
         MPI.Request.Waitall([request for _, _, request in arriving])
         if node.nranks > 1:
             _share_by_messages(node, cp, cp.node_of[me], out, bounds)
-    MPI.Request.Waitall(sends)
+        MPI.Request.Waitall(sends)
 
 
 def _failed(rank: int, what: str) -> str:

@@ -108,9 +108,9 @@ def reduce_scatter(comm, buf, out, op):
                     agreed()
                     sends.append(comm.Isend([staging[at + s:at + e], MPI.BYTE], b, TAG))
             at += stop - start
-        if direct.leave(state, first) != 0:
+        agreed()  # before the wait below, which makes no MPI progress: a peer may need this rank's
+        if direct.leave(state, first) != 0:  # part of the agreement to finish reading its buffer
             raise RuntimeError(_failed(me, "a peer left the call"))
-        agreed()
     else:
         agreed()
         _fold_by_messages(node, cp, cp.node_of[me], bounds, buf, staging, base)
