@@ -1,6 +1,8 @@
-"""Allreduce across the emulated cluster: ``auto`` against MPI's own ``Allreduce``, per layout.
+"""Allreduce across the emulated cluster: ``auto`` against MPI's own ``Allreduce``, per layout;
+or another collective (``--collective reduce_scatter|allgather|broadcast``) against MPI's own.
 
     python benchmarks/multinode.py [--repeat 3] [--only 2x1,2x4,4x2] [--sizes large,small] [--json out.json]
+    python benchmarks/multinode.py --collective reduce_scatter --only 2x4 --sizes large
 
 As root. For each layout (nodes x ranks per node at a link rate) it makes the cluster
 (``python -m allreduce_kit.cluster up``), measures the link (``status``), and runs the bench
@@ -8,7 +10,10 @@ As root. For each layout (nodes x ranks per node at a link rate) it makes the cl
 ``auto``, ``hierarchical`` and the flat ``ring`` in it: 16 MiB and 64 MiB (``large``), 8 B to
 1 KiB (``small``). It prints, per layout, placement, size and algorithm, the median over the
 runs of the median time per call, the time against MPI's in the same runs, and "link %"
-(docs/multinode.md). The layouts are those of docs/multinode.md:
+(docs/multinode.md). With ``--collective`` each run has ``mpi`` and ``auto`` in it (``auto`` runs
+the collective's ``hierarchical`` across nodes for large messages), and "link %" counts what each
+node's link must carry for that collective: (N-1)/N of the whole buffer for ``reduce_scatter`` and
+``allgather``, the whole buffer for ``broadcast``. The layouts are those of docs/multinode.md:
 
 - ``2x1``: 2 nodes x 1 rank at 1 Gbit/s;
 - ``2x4``: 2 nodes x 4 ranks at 250 Mbit/s;
@@ -28,6 +33,9 @@ LAYOUTS = {"2x1": (2, 1, "1gbit"), "2x4": (2, 4, "250mbit"), "4x2": (4, 2, "250m
 SIZES = {"large": ["-b", "16M", "-e", "64M", "-f", "4", "-n", "5", "-w", "2"],
          "small": ["-b", "8", "-e", "1K", "-f", "2", "-n", "20", "-w", "5"]}
 ALGORITHMS = "mpi,auto,hierarchical,ring"
+#: What runs with ``--collective`` other than allreduce: MPI's own call and ``auto``.
+COLLECTIVE_ALGORITHMS = "mpi,auto"
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast")
 CLUSTER = [sys.executable, "-m", "allreduce_kit.cluster"]
 
 
@@ -38,9 +46,11 @@ def cluster(*args: str, timeout: float = 600) -> str:
     return done.stdout
 
 
-def bench(ranks: int, placement: str, sizes: str, out: Path) -> dict:
+def bench(ranks: int, placement: str, sizes: str, out: Path, collective: str = "allreduce") -> dict:
+    which = (["-a", ALGORITHMS] if collective == "allreduce"
+             else ["--collective", collective, "-a", COLLECTIVE_ALGORITHMS])
     cluster("run", "-n", str(ranks), "--placement", placement, "--timeout", "900", "--",
-            sys.executable, "-m", "allreduce_kit.bench", *SIZES[sizes], "-a", ALGORITHMS, "--json", str(out),
+            sys.executable, "-m", "allreduce_kit.bench", *SIZES[sizes], *which, "--json", str(out),
             timeout=1000)
     return json.loads(out.read_text())
 
@@ -50,6 +60,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="bench runs per layout, placement and size range")
     parser.add_argument("--only", default=",".join(LAYOUTS), help="layouts to run: " + ", ".join(LAYOUTS))
     parser.add_argument("--sizes", default="large,small", help="size ranges: large (16M, 64M), small (8 B to 1 KiB)")
+    parser.add_argument("--collective", default="allreduce", choices=COLLECTIVES,
+                        help="the collective to measure (default allreduce)")
     parser.add_argument("--json", metavar="PATH", help="write the medians per layout, placement, size and algorithm "
                                                         "as JSON")
     args = parser.parse_args()
@@ -75,9 +87,9 @@ def main() -> int:
                     for k in range(args.repeat):
                         for placement in runs:  # in turn, so load from elsewhere hits both alike
                             runs[placement].append(bench(nodes * per_node, placement, sizes,
-                                                         Path(tmp) / f"{placement}-{k}.json"))
+                                                         Path(tmp) / f"{placement}-{k}.json", args.collective))
                     for placement, payloads in runs.items():
-                        results.append(summarise(name, rate, placement, payloads))
+                        results.append(summarise(name, rate, placement, payloads, args.collective))
                         print_table(results[-1])
     finally:
         cluster("down")
@@ -87,7 +99,7 @@ def main() -> int:
     return 0
 
 
-def summarise(layout: str, rate: str, placement: str, payloads: list) -> dict:
+def summarise(layout: str, rate: str, placement: str, payloads: list, collective: str = "allreduce") -> dict:
     """Medians over the runs, per size and algorithm; each run's time against its own MPI row."""
     cells: dict = {}
     for payload in payloads:
@@ -100,7 +112,7 @@ def summarise(layout: str, rate: str, placement: str, payloads: list) -> dict:
             if row.get("link_pct") is not None:
                 cell["link"].append(row["link_pct"])
     pre = payloads[0]["preamble"]
-    return {"layout": layout, "rate": rate, "placement": placement, "runs": len(payloads),
+    return {"collective": collective, "layout": layout, "rate": rate, "placement": placement, "runs": len(payloads),
             "link_bits_per_second": pre.get("link_bits_per_second"), "ranks_per_node": pre.get("ranks_per_node"),
             "rows": [{"size": size, "algorithm": algorithm, "chosen": sorted(c["chosen"]),
                       "time_us": statistics.median(c["time"]), "vs_mpi": statistics.median(c["vs_mpi"]),
@@ -111,7 +123,8 @@ def summarise(layout: str, rate: str, placement: str, payloads: list) -> dict:
 
 def print_table(result: dict) -> None:
     bits = result["link_bits_per_second"]
-    print(f"\n## {result['layout']} ({result['ranks_per_node']} ranks per node) at {result['rate']}, "
+    print(f"\n## {result.get('collective', 'allreduce')}, {result['layout']} ({result['ranks_per_node']} ranks per node) "
+          f"at {result['rate']}, "
           f"{result['placement']}, link {bits / 1e6:.0f} Mbit/s measured, medians of {result['runs']} runs")
     print(f"| {'size':>10} | {'algorithm':<24} | {'time (us)':>12} | {'x MPI':>6} | {'worst':>6} | {'link %':>6} |")
     print(f"|{'-' * 12}|{'-' * 26}|{'-' * 14}|{'-' * 8}|{'-' * 8}|{'-' * 8}|")

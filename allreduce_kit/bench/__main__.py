@@ -148,8 +148,7 @@ def check_args(parser: RankZeroParser, args) -> None:
         parser.error(f"--stall-timeout must be >= 0 seconds (0: off), got {args.stall_timeout}")
     names = available() if args.collective == "allreduce" else collectives.available(args.collective)
     if args.collective != "allreduce":
-        for flag, given in (("--tune", args.tune), ("--fit", args.fit is not None), ("--plot", args.plot),
-                            ("--link-gbps", args.link_gbps is not None)):
+        for flag, given in (("--tune", args.tune), ("--fit", args.fit is not None), ("--plot", args.plot)):
             if given:
                 parser.error(f"{flag} is for --collective allreduce only")
         if args.collective != "reduce_scatter" and args.op != "sum":
@@ -483,10 +482,22 @@ def run_collective(comm: MPI.Intracomm, parser: RankZeroParser, args, dtype: np.
     say(f"# size = the whole buffer; time = the slowest rank's time per call (median, min, max over samples); "
         f"algbw = size / time, busbw = {info['busbw']}")
     say(f"# #wrong = elements differing from MPI's result (summed over ranks); mpi = {info['mpi_row']}")
+    lib = library_comm(comm)
+    layout = lib.layout
+    link = network.link_bandwidth(layout, args.link_gbps)
+    link_bits = link[0] if link else None
+    info.update(nodes=layout.nodes, node_hosts=list(layout.hosts), ranks_per_node=list(layout.ranks_per_node),
+                link_bits_per_second=link_bits, link_source=link[1] if link else None)
+    for text in network.describe(layout, link, what):
+        say(f"# {text}")
     say("#")
-    say(output.header())
+
+    def link_pct(row) -> Optional[float]:
+        return network.link_percent(row.size, row.time_us, layout.nodes, link_bits, what) if link_bits else None
+
+    say(output.header(link=link_bits is not None))
     rows = collectives.sweep(what, comm, sizes, dtype, args.op, args.root, args.names, args.iters, args.warmup_iters,
-                             args.batch, on_row=lambda row: say(output.line(row)))
+                             args.batch, on_row=lambda row: say(output.line(row, link_pct(row))))
     table = ratios(rows)
     say(output.summary(table, what))
     wrong = sum(row.wrong for row in rows)
@@ -494,7 +505,9 @@ def run_collective(comm: MPI.Intracomm, parser: RankZeroParser, args, dtype: np.
     say(output.closing(wrong, average))
     if comm.Get_rank() == 0:
         if args.json:
-            write_json(args.json, {"preamble": info, "rows": [r.as_dict() for r in rows],
+            write_json(args.json, {"preamble": info,
+                                   "rows": [dict(r.as_dict(), **({"link_pct": link_pct(r)} if link_bits else {}))
+                                            for r in rows],
                                    "ratios": {str(s): v for s, v in table.items()}, "wrong_total": wrong,
                                    "avg_busbw": average})
             print(f"# wrote {args.json}", flush=True)

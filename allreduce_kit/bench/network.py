@@ -1,9 +1,12 @@
 """The network in the bench's output: nodes, ranks per node, the link's bandwidth, and "link %".
 
 On a run whose ranks span N nodes, each node's link must carry at least 2(N-1)/N of the message
-each way, whatever the algorithm (every node must send what the others lack of its data, and
-receive theirs). "link %" is that many bytes divided by the call's time and the link's
-bandwidth: 100 means the call ran at the link's speed, as fast as the link allows.
+each way for an allreduce, whatever the algorithm (every node must send what the others lack of
+its data, and receive theirs); (N-1)/N of the whole buffer for a reduce-scatter or an allgather
+(a node's partial results for the other nodes' blocks leave it, or the other nodes' blocks
+reach it), and the whole buffer for a broadcast (it reaches every node but the root's).
+"link %" is that many bytes divided by the call's time and the link's bandwidth: 100 means the
+call ran at the link's speed, as fast as the link allows.
 
 The bandwidth is ``--link-gbps`` if given; else, on the emulated cluster (``allreduce_kit.cluster``),
 the bandwidth its last ``status`` (or ``up``) measured with one TCP flow, else the rate it shapes
@@ -40,7 +43,19 @@ def link_bandwidth(layout: Topology, gbps: Optional[float]) -> Optional[Tuple[fl
     return cluster_link()
 
 
-def describe(layout: Topology, link: Optional[Tuple[float, str]]) -> List[str]:
+#: What each node's link must carry of the message, each way, as the formula the preamble prints.
+_LEAST = {"allreduce": "2(N-1)/N x size", "reduce_scatter": "(N-1)/N x size", "allgather": "(N-1)/N x size",
+          "broadcast": "size"}
+
+
+def least_share(collective: str, nodes: int) -> float:
+    """The share of the message (the whole buffer) each node's link must carry each way."""
+    if collective == "broadcast":
+        return 1.0
+    return (2 if collective == "allreduce" else 1) * (nodes - 1) / nodes
+
+
+def describe(layout: Topology, link: Optional[Tuple[float, str]], collective: str = "allreduce") -> List[str]:
     """The preamble's lines about nodes and links."""
     per_node = ", ".join(str(c) for c in layout.ranks_per_node)
     lines = [f"nodes: {layout.nodes} ({', '.join(layout.hosts)}), ranks per node: {per_node}"]
@@ -49,13 +64,15 @@ def describe(layout: Topology, link: Optional[Tuple[float, str]]) -> List[str]:
             lines.append("link bandwidth unknown (give --link-gbps): no link % column")
         else:
             lines.append(f"link: {link[0] / 1e9:.3f} Gbit/s per node each way ({link[1]}); link % = "
-                         f"2(N-1)/N x size / time / link bandwidth, N = {layout.nodes} nodes")
+                         f"{_LEAST[collective]} / time / link bandwidth, N = {layout.nodes} nodes")
     return lines
 
 
-def link_percent(size: int, time_us: float, nodes: int, bits_per_second: float) -> float:
-    """The share of the link's bandwidth a call of ``size`` bytes in ``time_us`` used: 2(N-1)/N x
-    size / time / bandwidth, in percent."""
+def link_percent(size: int, time_us: float, nodes: int, bits_per_second: float,
+                 collective: str = "allreduce") -> float:
+    """The share of the link's bandwidth a call of ``size`` bytes (the whole buffer) in ``time_us``
+    used: what each node's link must carry (``least_share``: 2(N-1)/N x size for an allreduce) /
+    time / bandwidth, in percent."""
     if time_us <= 0:
         return 0.0
-    return 100 * (2 * (nodes - 1) / nodes) * size * 8 / (time_us * 1e-6) / bits_per_second
+    return 100 * least_share(collective, nodes) * size * 8 / (time_us * 1e-6) / bits_per_second

@@ -26,11 +26,16 @@ name                     what it does                               when it is t
                          of the node's shared window, then every    messages, one copy in and p-1
                          other rank's out of theirs; on several     out per rank
                          nodes ``recursive_doubling``
+``hierarchical``         across nodes first: each rank's block to   large messages across nodes: each
+                         its counterpart on every other node, then  node's link carries (N-1)/N n
+                         each rank writes its own and those it      each way, all its ranks at once
+                         received into its node's ranks
 ``mpi``                  MPI's own ``Allgather`` (blocks of one     the oracle and the yardstick
                          length) or ``Allgatherv``
 =======================  =========================================  =================================
 
-``algorithm="auto"`` picks one by the buffer's size and the rank count (``choose``).
+``algorithm="auto"`` picks one by the buffer's size and the rank count (``choose``), and
+``hierarchical`` across nodes where ``allreduce``'s ``auto`` runs its own (``multinode.crossover``).
 """
 from typing import Callable, Dict, Sequence
 
@@ -40,6 +45,7 @@ from .. import direct as transport
 from ..shared_memory import window_of
 from .. import registrar
 from ...comm import LibraryComm
+from ... import multinode
 
 Algorithm = Callable[[LibraryComm, np.ndarray, Sequence[int]], None]
 
@@ -59,9 +65,11 @@ register = registrar(ALGORITHMS)
 
 def choose(comm: LibraryComm, nbytes: int) -> str:
     """``auto``'s algorithm for an ``out`` of ``nbytes`` on ``comm`` (the same on every rank)."""
+    if not comm.layout.single_node and nbytes >= multinode.crossover(comm.layout):
+        return "hierarchical"  # across nodes, from where allreduce's auto runs its own hierarchical
     if nbytes < SMALL:
         return "shared_memory" if window_of(comm) is not None else "recursive_doubling"
     return "pairwise" if transport.peers_for(comm) is not None else "ring"
 
 
-from . import ring, recursive_doubling, pairwise, shared_memory, mpi  # noqa: E402,F401  (each module registers itself)
+from . import ring, recursive_doubling, pairwise, shared_memory, mpi, hierarchical  # noqa: E402,F401  (each module registers itself)

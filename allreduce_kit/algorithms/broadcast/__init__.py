@@ -24,10 +24,14 @@ name                    what it does                                when it is t
                         the node's shared window, every other rank  messages, one copy in and one
                         copies it out; on several nodes             out per rank
                         ``binomial``
+``hierarchical``        the root's counterparts, one per node,      large messages across nodes: each
+                        broadcast among themselves, then each       node's link carries n once
+                        inside its node (``direct``)
 ``mpi``                 MPI's own ``Bcast``                         the oracle and the yardstick
 ======================  ==========================================  =================================
 
-``algorithm="auto"`` picks one by the buffer's size and the rank count (``choose``).
+``algorithm="auto"`` picks one by the buffer's size and the rank count (``choose``), and
+``hierarchical`` across nodes where ``allreduce``'s ``auto`` runs its own (``multinode.crossover``).
 """
 from typing import Callable, Dict
 
@@ -37,6 +41,7 @@ from .. import direct as transport
 from ..shared_memory import window_of
 from .. import registrar
 from ...comm import LibraryComm
+from ... import multinode
 
 Algorithm = Callable[[LibraryComm, np.ndarray, int], None]
 
@@ -55,9 +60,11 @@ register = registrar(ALGORITHMS)
 
 def choose(comm: LibraryComm, nbytes: int) -> str:
     """``auto``'s algorithm for a buffer of ``nbytes`` on ``comm`` (the same on every rank)."""
+    if not comm.layout.single_node and nbytes >= multinode.crossover(comm.layout):
+        return "hierarchical"  # across nodes, from where allreduce's auto runs its own hierarchical
     if nbytes < SMALL:
         return "shared_memory" if window_of(comm) is not None else "binomial"
     return "direct" if transport.peers_for(comm) is not None else "scatter_allgather"
 
 
-from . import binomial, scatter_allgather, direct, shared_memory, mpi  # noqa: E402,F401  (each module registers itself)
+from . import binomial, scatter_allgather, direct, shared_memory, mpi, hierarchical  # noqa: E402,F401  (each module registers itself)

@@ -30,11 +30,17 @@ name                   what it does                                 when it is t
                        ``shared_memory``), then folds its block     fold per rank, the same folds as
                        out of every slot, in rank order; on         ``allreduce``'s
                        several nodes ``recursive_halving``          ``shared_memory``
+``hierarchical``       across nodes: each rank folds its node's     large messages across nodes: each
+                       copies of its block and of those it          node's link carries (N-1)/N n
+                       stands in for (``counterparts.py``), then    each way, all its ranks at once
+                       sends each on to its rank, which folds
+                       in the other nodes' partial results
 ``mpi``                MPI's own ``Reduce_scatter_block`` (blocks   the oracle and the yardstick
                        of one length) or ``Reduce_scatter``
 =====================  ===========================================  =================================
 
-``algorithm="auto"`` picks one by the buffer's size and the rank count (``choose``).
+``algorithm="auto"`` picks one by the buffer's size and the rank count (``choose``), and
+``hierarchical`` across nodes where ``allreduce``'s ``auto`` runs its own (``multinode.crossover``).
 """
 from typing import Callable, Dict
 
@@ -44,6 +50,7 @@ from .. import direct as transport
 from ..shared_memory import window_of
 from .. import registrar
 from ...comm import LibraryComm
+from ... import multinode
 from ...reduction import Reduction
 
 Algorithm = Callable[[LibraryComm, np.ndarray, np.ndarray, Reduction], None]
@@ -80,9 +87,11 @@ register = registrar(ALGORITHMS)
 
 def choose(comm: LibraryComm, nbytes: int) -> str:
     """``auto``'s algorithm for a buffer of ``nbytes`` on ``comm`` (the same on every rank)."""
+    if not comm.layout.single_node and nbytes >= multinode.crossover(comm.layout):
+        return "hierarchical"  # across nodes, from where allreduce's auto runs its own hierarchical
     if nbytes < SMALL:
         return "shared_memory" if window_of(comm) is not None else "recursive_halving"
     return "pairwise" if transport.peers_for(comm) is not None else "ring"
 
 
-from . import ring, recursive_halving, pairwise, shared_memory, mpi  # noqa: E402,F401  (each module registers itself)
+from . import ring, recursive_halving, pairwise, shared_memory, mpi, hierarchical  # noqa: E402,F401  (each module registers itself)
