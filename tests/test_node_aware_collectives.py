@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from allreduce_kit import multinode
-from allreduce_kit.algorithms import allgather, broadcast, direct, reduce_scatter
+from allreduce_kit.algorithms import allgather, broadcast, direct, reduce_scatter, shared_memory
 from allreduce_kit.algorithms.counterparts import Counterparts, cuts
 from allreduce_kit.bench import network
 from test_multinode import layout
@@ -48,17 +48,21 @@ def test_pieces_are_cut_alike_from_the_length_alone():
     assert max(e - s for s, e in pieces) * 4 <= 1 << 20
 
 
+#: A communicator's state where neither direct reads nor a shared window can be made: messages only.
+MESSAGES_ONLY = {direct.Peers: None, shared_memory.Window: None}
+
+
 @pytest.mark.parametrize("registry", [reduce_scatter, allgather, broadcast], ids=lambda m: m.__name__.split(".")[-1])
 def test_auto_runs_hierarchical_across_nodes_where_allreduce_does(registry):
     assert "hierarchical" in registry.ALGORITHMS
     for shape in ((4, 4), (2, 2, 2, 2), (3, 5)):
-        comm = SimpleNamespace(layout=layout(*shape), nranks=sum(shape), state={direct.Peers: None})  # messages
+        comm = SimpleNamespace(layout=layout(*shape), nranks=sum(shape), state=MESSAGES_ONLY)
         edge = multinode.crossover(comm.layout)
         assert registry.choose(comm, 64 << 20) == "hierarchical"
         assert registry.choose(comm, edge) == "hierarchical"
         assert registry.choose(comm, edge - 1) != "hierarchical"
     # one rank per node: nothing to fold or share inside a node
-    one_per_node = SimpleNamespace(layout=layout(1, 1), nranks=2, state={direct.Peers: None})
+    one_per_node = SimpleNamespace(layout=layout(1, 1), nranks=2, state=MESSAGES_ONLY)
     assert registry.choose(one_per_node, 64 << 20) != "hierarchical"
 
 
