@@ -5,9 +5,10 @@ import numpy as np
 from mpi4py import MPI
 
 from ..algorithms import broadcast as registry
+from ..algorithms import direct as transport
 from ..comm import library_comm
-from .common import (algorithm_name, checking_locally, comm_shape, input_array, rank_argument,
-                     settle, stall_argument, watched)
+from .common import (agree_unchecked, algorithm_name, checking_locally, comm_shape, input_array,
+                     rank_argument, settle, stall_argument, watched)
 
 CALLER = "broadcast"
 
@@ -35,7 +36,13 @@ def broadcast(buf: np.ndarray, root: int = 0, *, algorithm: str = "auto", comm: 
     A malformed call raises ``TypeError`` or ``ValueError`` on the rank that made it, before it
     sends anything. ``check=True`` (or ``ALLREDUCE_KIT_CHECK=1``) adds one small agreement step
     so that a call that differs between ranks (length, dtype, root, algorithm), or is malformed on
-    any rank, raises the same error on every rank; without it such a call is undefined.
+    any rank, raises the same error on every rank. Without it, a length, dtype or root that
+    differs between ranks still raises the same ``ValueError`` on every rank
+    (``broadcast: root differs between ranks (rank 0: 0, rank 1: 1); ...``), with every
+    algorithm (``auto`` too, unless the lengths fall on both sides of its split): by messages the ranks first agree on them in one ``Allreduce`` of a few int64
+    (the data flows from the root only, so nothing the algorithm sends could tell every rank, and
+    ranks that name different roots would run different schedules); ``direct`` on one node
+    compares what each rank publishes beside its buffer instead, at no cost.
     ``stall_timeout`` as for ``allreduce``.
     """
     error = None
@@ -59,6 +66,17 @@ def broadcast(buf: np.ndarray, root: int = 0, *, algorithm: str = "auto", comm: 
            f"{array.dtype if error is None else '?'})"
     with watched(lib, what, timeout):
         settle(lib, CALLER, fields, error, check)
-        if lib.nranks > 1 and array.size:
+        if lib.nranks == 1:
+            return buf
+        if not (check or (check is None and lib.check_default)) and not _direct(lib, runs):
+            agree_unchecked(lib, CALLER, [("buf length", array.size), ("buf dtype", array.dtype.name),
+                                          ("root", root), ("algorithm", algorithm)], "buf")
+        if array.size:
             registry.ALGORITHMS[runs](lib, array, root)
     return buf
+
+
+def _direct(lib, runs: str) -> bool:
+    """Whether ``runs`` reads the root's buffer straight out of its memory on ``lib``, and so
+    finds for itself a call that differs between ranks (``algorithms/broadcast/direct.py``)."""
+    return runs == "direct" and transport.peers_for(lib) is not None
