@@ -7,7 +7,9 @@ One cluster of three nodes is made for the module and removed at the end. On it:
   is the node's own, the topology sees the nodes, the node-local paths are not taken across
   nodes (``cluster/isolation_check.py``);
 - every algorithm, op, dtype and awkward length matches MPI's own ``Allreduce`` (the cases of the
-  MPI suite's ``test_allreduce.py``, ``cluster/allreduce_check.py``) on 2 nodes x 2 ranks and on 3 nodes with uneven ranks, with block and
+  MPI suite's ``test_allreduce.py``, ``cluster/allreduce_check.py``), and every algorithm of
+  ``reduce_scatter``, ``allgather`` and ``broadcast`` their MPI calls (``cluster/registries_check.py``,
+  in the same job), on 2 nodes x 2 ranks and on 3 nodes with uneven ranks, with block and
   round-robin placement; and under Open MPI (``run --mpirun``) on 3 nodes, uneven, round-robin;
 - the bench names the nodes, the ranks on each and the link, adds "link %", and ``auto`` tunes
   online: ``hierarchical`` against MPI's own for a large message, the few-round ones for a small one;

@@ -21,6 +21,8 @@ import pytest
 from conftest import TESTS
 
 RANK_COUNTS = (2, 3, 5)
+#: The collectives' files of the MPI suite, which must run (not only be collected) under Open MPI.
+COLLECTIVES = ("test_collectives.py", "test_nonblocking.py", "test_collectives_mismatch.py")
 
 pytestmark = pytest.mark.slow
 
@@ -101,6 +103,9 @@ def test_mpi_suite_passes_on_open_mpi(openmpi, ranks):
     assert result.returncode == 0, f"MPI suite failed on Open MPI at {ranks} ranks:\n{result.stdout[-8000:]}\n{result.stderr[-4000:]}"
     assert " passed" in result.stdout
     assert "Open MPI" in result.stdout, "pytest-mpi reports the MPI the ranks ran"
+    passed = [line for line in result.stdout.splitlines() if "PASSED" in line]
+    for name in COLLECTIVES:  # their message paths probe each message first under Open MPI (algorithms/signature.py)
+        assert any(f"/{name}::" in line for line in passed), f"{name} ran and passed on Open MPI at {ranks} ranks"
 
 
 def test_unreachable_pypi_is_reported_as_such(tmp_path, monkeypatch):

@@ -108,10 +108,17 @@ def begin(state, buf, algorithm):
     """Start a call: publish ``buf``'s address and ``signature.word(buf, algorithm)``, then the
     call's first counter value, which it returns. Waits for nobody: each peer's word is checked
     when this rank first needs that peer (``reach``, ``wait_all``)."""
+    return begin_word(state, buf, word(buf, algorithm))
+
+
+@njit(cache=True, nogil=True)
+def begin_word(state, buf, signed):
+    """``begin`` with the word to publish given (``signature.keyed_word``: for a collective whose
+    call has more that must agree than ``buf``'s length and dtype, such as a root)."""
     rank, base = state[0], state[2]
     state[5] += 1
     first = state[5] << _STEP_BITS
-    state[7] = word(buf, algorithm)
+    state[7] = signed
     store_release(base + _LINE * (2 * rank + 1) + 8, buf.ctypes.data)
     store_release(base + _LINE * (2 * rank + 1) + 16, state[7])
     raise_flag(base + _LINE * 2 * rank, first, state[3])

@@ -30,7 +30,18 @@ length's low ``LOW_BITS`` bits (22 with MPICH's tag bound) and 5 bits hashed fro
 algorithm and the length's high bits: two lengths differ in the tag unless they differ by a
 multiple of ``2 ** (LOW_BITS + 5)`` elements (2**27 with MPICH); the published words hold
 everything.
+
+``reduce_scatter`` and ``allgather`` do the same (each rank's result depends on every rank's
+buffer, so ``BAD`` reaches every rank there too), their errors naming the collective (``mismatch``'s
+``caller``); an allgather's uneven blocks are hashed into its tag and word as well
+(``keyed_tag``, ``keyed_word``). A broadcast's data flows from the root only: by messages the
+ranks agree on the call first (``collectives/broadcast.py``), and on one node its word holds the
+root too.
 """
+import hashlib
+import zlib
+from typing import Optional, Sequence, Tuple
+
 import numpy as np
 from mpi4py import MPI
 from numba import njit
@@ -74,6 +85,23 @@ def tag(buf: np.ndarray, algorithm: int) -> int:
 
 
 _TAGS: dict = {}
+
+
+def keyed_tag(buf: np.ndarray, algorithm: int, key) -> int:
+    """``tag(buf, algorithm)`` with more of the call in it: ``key`` (a tuple of ints, the same on
+    every rank of a well-formed call, such as ``allgather``'s block lengths), hashed into the
+    tag's length bits. Calls whose keys differ get different tags but for one chance in
+    ``2 ** (LOW_BITS + 5)``."""
+    mixed = zlib.crc32(repr(key).encode()) & ((1 << (low_bits() + 5)) - 1)
+    return tag(buf, algorithm) ^ (mixed << 2)
+
+
+def keyed_word(buf: np.ndarray, algorithm: int, key) -> int:
+    """``word(buf, algorithm)`` with more of the call in it (``key``, as in ``keyed_tag``), for
+    ``direct.begin_word``: calls whose keys differ publish different words but for one chance
+    in ``2 ** 62``."""
+    mixed = int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), "little") >> 2
+    return int(word(buf, algorithm)) ^ mixed
 
 
 _BYTE, _ANY_TAG = MPI.BYTE, MPI.ANY_TAG  # looked up once: a short message's call is a few microseconds
@@ -140,22 +168,35 @@ def _truncated(error: MPI.Exception, tag: int) -> int:
     return tag | BAD
 
 
-def mismatch(comm, buf: np.ndarray, algorithm: str) -> ValueError:
+def mismatch(comm, buf: np.ndarray, algorithm: str, caller: str = "allreduce",
+             fields: Optional[Sequence[Tuple[str, object]]] = None, result: str = "buf") -> ValueError:
     """The error every rank raises once it knows the ranks' buffers differ: what each passed.
 
     Collective: every rank of ``comm`` calls it, after it has finished touching its peers. It is
     the only communication a mismatch adds, and also keeps every rank from starting its next
     call until all have left this one.
+
+    ``caller`` names the collective (``allreduce``, ``reduce_scatter``, ...); ``fields`` are the
+    ``(name, value)`` pairs compared, the same names on every rank (default: ``buf``'s length and
+    dtype, and ``algorithm``); ``result`` names what the call leaves undefined.
     """
-    calls = comm.allgather((buf.size, buf.dtype.name, algorithm))
+    if fields is None:
+        fields = (("buf length", buf.size), ("buf dtype", buf.dtype.name), ("algorithm", algorithm))
+    calls = comm.allgather(tuple(value for _, value in fields))
+    return ValueError(described(caller, [name for name, _ in fields], calls, result))
+
+
+def described(caller: str, names: Sequence[str], calls: Sequence[Sequence[object]], result: str = "buf") -> str:
+    """The message of ``mismatch``: which of ``names`` differ between the ranks' ``calls`` (one
+    tuple of values per rank, in rank order), with every rank's value."""
     found = []
-    for field, name in enumerate(("buf length", "buf dtype", "algorithm")):
+    for field, name in enumerate(names):
         if len({c[field] for c in calls}) > 1:
             per_rank = ", ".join(f"rank {r}: {c[field]}" for r, c in enumerate(calls))
             found.append(f"{name} differs between ranks ({per_rank})")
     if not found:  # e.g. lengths whose difference no tag shows, yet a message did not fit
         found.append("the ranks' calls do not match")
-    return ValueError(f"allreduce: {'; '.join(found)}; every rank's buf is left undefined")
+    return f"{caller}: {'; '.join(found)}; every rank's {result} is left undefined"
 
 
 def dtype_code(buf):

@@ -62,7 +62,13 @@ def allgather(block: np.ndarray, out: Optional[np.ndarray] = None, *, counts: Op
     A malformed call raises ``TypeError`` or ``ValueError`` on the rank that made it, before it
     sends anything. ``check=True`` (or ``ALLREDUCE_KIT_CHECK=1``) adds one small agreement step
     so that a call that differs between ranks (dtype, block lengths, algorithm), or is malformed
-    on any rank, raises the same error on every rank; without it such a call is undefined.
+    on any rank, raises the same error on every rank. Without it, blocks (``out``'s length, or
+    ``counts``) or a dtype that differ between ranks still raise the same ``ValueError`` on every
+    rank (``allgather: block lengths differs between ranks (...); ...``), at no cost to a
+    well-formed call, with every algorithm but ``mpi`` (MPI's own: MPICH ends the job), as
+    ``allreduce`` does (``algorithms/signature.py``; ``counts`` that differ with the same total
+    are told apart by a hash, but for one chance in 2**27). Another algorithm, or lengths to be
+    exchanged on some ranks (neither ``out`` nor ``counts``) and not on others, are undefined.
     ``stall_timeout`` as for ``allreduce``.
     """
     again = _LAST[0]

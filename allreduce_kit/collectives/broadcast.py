@@ -5,11 +5,13 @@ import numpy as np
 from mpi4py import MPI
 
 from ..algorithms import broadcast as registry
+from ..algorithms import direct as transport
 from ..algorithms.broadcast import shared_memory
+from ..algorithms.shared_memory import window_of
 from ..comm import library_comm
 from ..progress import IN_FLIGHT
-from .common import (Again, algorithm_name, checking_locally, comm_shape, input_array, keeps, rank_argument,
-                     settle, stall_argument, watched)
+from .common import (Again, agree_unchecked, algorithm_name, checking_locally, comm_shape, input_array, keeps,
+                     rank_argument, settle, stall_argument, watched)
 
 CALLER = "broadcast"
 
@@ -37,7 +39,13 @@ def broadcast(buf: np.ndarray, root: int = 0, *, algorithm: str = "auto", comm: 
     A malformed call raises ``TypeError`` or ``ValueError`` on the rank that made it, before it
     sends anything. ``check=True`` (or ``ALLREDUCE_KIT_CHECK=1``) adds one small agreement step
     so that a call that differs between ranks (length, dtype, root, algorithm), or is malformed on
-    any rank, raises the same error on every rank; without it such a call is undefined.
+    any rank, raises the same error on every rank. Without it, a length, dtype or root that
+    differs between ranks still raises the same ``ValueError`` on every rank
+    (``broadcast: root differs between ranks (rank 0: 0, rank 1: 1); ...``), with every
+    algorithm (``auto`` too, unless the lengths fall on both sides of its split): by messages the ranks first agree on them in one ``Allreduce`` of a few int64
+    (the data flows from the root only, so nothing the algorithm sends could tell every rank, and
+    ranks that name different roots would run different schedules); ``direct`` on one node
+    compares what each rank publishes beside its buffer instead, at no cost.
     ``stall_timeout`` as for ``allreduce``.
     """
     again = _LAST[0]
@@ -64,13 +72,19 @@ def broadcast(buf: np.ndarray, root: int = 0, *, algorithm: str = "auto", comm: 
            f"{array.dtype if error is None else '?'})"
     with watched(lib, what, timeout):
         settle(lib, CALLER, fields, error, check)
-        if lib.nranks > 1 and array.size:
-            # chosen once the ranks are known to agree: the first choice on a communicator may set
-            # up its window or direct reads, collectively
-            runs = registry.choose(lib, array.nbytes) if algorithm == "auto" else algorithm
+        if lib.nranks == 1:
+            return buf
+        # chosen once the ranks are known to agree: the first choice on a communicator may set up
+        # its window or direct reads, collectively
+        runs = registry.choose(lib, array.nbytes) if algorithm == "auto" else algorithm
+        if not (check or (check is None and lib.check_default)) and not _finds_differences(lib, runs):
+            agree_unchecked(lib, CALLER, [("buf length", array.size), ("buf dtype", array.dtype.name),
+                                          ("root", root), ("algorithm", algorithm)], "buf")
+        if array.size:
             registry.ALGORITHMS[runs](lib, array, root)
-            if keeps(lib, comm, check, stall_timeout) and type(buf) is np.ndarray and buf.ndim == 1:
-                _LAST[0] = Again(lib, buf, None, (algorithm, root), _kept(lib, runs, array.dtype, root), what)
+            kept = _kept(lib, runs, array.dtype, root) if keeps(lib, comm, check, stall_timeout) else None
+            if kept is not None and type(buf) is np.ndarray and buf.ndim == 1:
+                _LAST[0] = Again(lib, buf, None, (algorithm, root), kept, what)
     return buf
 
 
@@ -79,9 +93,21 @@ def _kept(lib, runs: str, dtype, root: int):
     fast = shared_memory.binding(lib, dtype, root) if runs == "shared_memory" else None
     if fast is not None:
         return lambda buf, _: fast(buf)
+    if not _finds_differences(lib, runs):
+        return None  # by messages every call agrees first: the full path
     algorithm = registry.ALGORITHMS[runs]
     return lambda buf, _: algorithm(lib, buf, root)
 
 
 #: ``[the call kept last]`` (``Again``) or ``None``.
 _LAST: list = [None]
+
+
+def _finds_differences(lib, runs: str) -> bool:
+    """Whether ``runs`` finds for itself, on ``lib``, a call whose length, dtype or root differs
+    between ranks: ``direct`` reads the root's buffer straight out of its memory, and
+    ``shared_memory`` goes through the node's window, each comparing what every rank publishes
+    beside its buffer (``algorithms/broadcast/direct.py``, ``shared_memory.py``)."""
+    if runs == "direct":
+        return transport.peers_for(lib) is not None
+    return runs == "shared_memory" and window_of(lib) is not None

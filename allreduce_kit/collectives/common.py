@@ -10,6 +10,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import config, kernels
+from ..algorithms.signature import described
 from ..comm import LibraryComm, _world
 from ..stall import INSPECTOR
 
@@ -131,11 +132,7 @@ def agree(lib: LibraryComm, caller: str, fields: Sequence[Tuple[str, object]],
     fields do. Only when something differs does a pickled ``allgather`` collect the details, so
     that every rank raises the same ``ValueError`` naming each rank's value.
     """
-    codes = [1] + [0] * len(fields) if error is not None else [0] + [_code(v) for _, v in fields]
-    signature = np.array(codes + [-c for c in codes], dtype=np.int64)
-    lib.Allreduce(MPI.IN_PLACE, signature, op=MPI.MAX)
-    half = signature.size // 2
-    if signature[0] == 0 and np.array_equal(signature[:half], -signature[half:]):
+    if not differs(lib, fields, error is not None):
         return
     mine = (type(error).__name__, str(error)) if error is not None else ("", tuple(v for _, v in fields))
     calls = lib.allgather(mine)
@@ -150,6 +147,27 @@ def agree(lib: LibraryComm, caller: str, fields: Sequence[Tuple[str, object]],
         if len({c[field] for c in calls}) > 1:
             per_rank = ", ".join(f"rank {r}: {c[field]!r}" for r, c in enumerate(calls))
             raise ValueError(f"{caller}(check=True): {name} differs between ranks ({per_rank})")
+
+
+def differs(lib: LibraryComm, fields: Sequence[Tuple[str, object]], failed: bool = False) -> bool:
+    """Whether any rank's ``fields`` differ from another's, or any rank ``failed``: one
+    ``Allreduce`` (MAX) of a few int64, the maxima of the fields' codes and of their negations.
+    Collective."""
+    codes = [1] + [0] * len(fields) if failed else [0] + [_code(v) for _, v in fields]
+    signature = np.array(codes + [-c for c in codes], dtype=np.int64)
+    lib.Allreduce(MPI.IN_PLACE, signature, op=MPI.MAX)
+    half = signature.size // 2
+    return not (signature[0] == 0 and np.array_equal(signature[:half], -signature[half:]))
+
+
+def agree_unchecked(lib: LibraryComm, caller: str, fields: Sequence[Tuple[str, object]], result: str) -> None:
+    """``agree`` for a well-formed call without ``check``, for a collective whose data moves in
+    one direction only (``broadcast``), so that nothing it sends anyway could tell every rank of
+    a difference: every rank raises the ``ValueError`` of ``signature.mismatch``, naming
+    ``caller``, if any rank's ``fields`` differ. Collective."""
+    if differs(lib, fields):
+        calls = lib.allgather(tuple(value for _, value in fields))
+        raise ValueError(described(caller, [name for name, _ in fields], calls, result))
 
 
 @contextmanager

@@ -5,8 +5,10 @@ The cases of ``tests/mpi/test_allreduce.py``, with lengths for a network: empty,
 around p, odd; for sum and mean, one past ``hierarchical``'s small-shard split at every shard count;
 and large ones (2**20 + 3 for float32 sum, 2**18 + 5 for float64 mean and int32 max) that the
 ring between nodes streams in many pieces. Then buffers whose lengths differ between ranks, on
-both sides of any split by length: every rank raises ``ValueError``, nothing is left unreceived. Rank 0 prints ``passed: N cases`` or the first failures;
-the exit status is 1 on any failure.
+both sides of any split by length: every rank raises ``ValueError``, nothing is left unreceived.
+Then, in the same job, the same for ``reduce_scatter``, ``allgather`` and ``broadcast``
+(``registries_check.py``). Rank 0 prints ``passed: N cases`` or the first failures; the exit
+status is 1 on any failure.
 """
 import sys
 
@@ -14,6 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 from allreduce_kit import ALGORITHMS, OPS, allreduce, library_comm
+from registries_check import check as check_collectives
 
 DTYPES = ("float32", "float64", "int32", "int64")
 MPI_OP = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
@@ -96,6 +99,12 @@ for algorithm in ("ring", "hierarchical"):  # auto may run MPI's own, which abor
             failures.append(f"rank {rank}: {algorithm} n={n} (lengths differ): {raised or 'no ValueError'}")
         if lib.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG) and len(failures) < 10:
             failures.append(f"rank {rank}: {algorithm} n={n} (lengths differ): a message left unreceived")
+
+if rank == 0 and "-v" in sys.argv:
+    print(f"reduce_scatter, allgather, broadcast ({MPI.Wtime():.1f})", flush=True)
+more, found = check_collectives(world, comm)
+cases += more
+failures += found
 
 failures = [f for fs in world.allgather(failures) for f in fs]
 layout = lib.layout

@@ -15,9 +15,10 @@ from numba import njit
 
 from . import register
 from .. import shared_memory
-from ..signature import mismatch, word
+from ..signature import word
 from ...kernels import reduce as _loops
 from .recursive_doubling import allgather as by_messages
+from .signature import mismatch
 
 TAG = 211
 
@@ -63,7 +64,7 @@ def allgather(comm, out, bounds):
         by_messages(comm, out, bounds)
         return
     if _allgather(out, np.asarray(bounds, np.int64), window.slots(out.dtype), window.state) != 0:
-        raise mismatch(comm, out, "shared_memory")
+        raise mismatch(comm, out, bounds, "shared_memory")
 
 
 def binding(comm, dtype, bounds) -> Optional[Callable[[np.ndarray], None]]:
@@ -76,5 +77,5 @@ def binding(comm, dtype, bounds) -> Optional[Callable[[np.ndarray], None]]:
 
     def run(out: np.ndarray) -> None:
         if _allgather(out, blocks, slots, state) != 0:
-            raise mismatch(comm, out, "shared_memory")
+            raise mismatch(comm, out, bounds, "shared_memory")
     return run

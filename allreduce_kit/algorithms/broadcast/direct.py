@@ -4,13 +4,21 @@ straight out of the root's memory, while the root writes block r straight into r
 buffer. Every rank copies about (p-1)/p of the buffer, all at once, one copy per byte and no
 intermediate buffer: with no more ranks than cores the root's core copies too, where a plain
 read by every rank would leave it waiting. The root waits until every rank has its copy.
-Across nodes, or where direct reads cannot be used, the binomial tree (``binomial.py``)."""
+Across nodes, or where direct reads cannot be used, the binomial tree (``binomial.py``).
+
+A call whose length, dtype or root differs between ranks raises ``ValueError`` on every rank:
+each rank publishes a word that holds all three (``signature.keyed_word``); every other rank
+compares the root's with its own before it reads, and the root compares every rank's before it
+writes, so that ranks that name different roots find each other (the root of each group of
+ranks that agree is in the group, and compares with every rank outside it). Nobody leaves
+before all have finished (``direct.leave``), so a void reaches every rank.
+"""
 import numpy as np
 from numba import njit
 
 from . import register
 from .. import direct
-from ..signature import mismatch
+from ..signature import keyed_word, mismatch
 from ...blocks import shard_bounds
 from .binomial import broadcast as binomial
 
@@ -18,10 +26,11 @@ TAG = 209
 
 
 @njit(cache=True, nogil=True)
-def _direct(buf, root, bounds, state, iov):
-    """0, -1 if a transfer failed, ``direct.MISMATCH`` if the ranks' buffers differ."""
+def _direct(buf, root, bounds, state, iov, signed):
+    """0, -1 if a transfer failed, ``direct.MISMATCH`` if the ranks' calls differ (``signed``:
+    this rank's word)."""
     rank, size = state[0], state[1]
-    first = direct.begin(state, buf, TAG + 64 * root)
+    first = direct.begin_word(state, buf, signed)
     if rank == root:
         if direct.wait_all(state, first) != 0:  # every rank has published its buffer, the same as the root's
             return direct.MISMATCH
@@ -51,9 +60,10 @@ def broadcast(comm, buf, root):
         binomial(comm, buf, root)
         return
     bounds = np.asarray(shard_bounds(buf.size, comm.nranks), np.int64)
-    done = _direct(buf, root, bounds, peers.state, peers.iov)
+    done = _direct(buf, root, bounds, peers.state, peers.iov, keyed_word(buf, TAG, (root,)))
     if done == direct.MISMATCH:
-        raise mismatch(comm, buf, "direct")
+        fields = (("buf length", buf.size), ("buf dtype", buf.dtype.name), ("root", root), ("algorithm", "direct"))
+        raise mismatch(comm, buf, "direct", "broadcast", fields)
     if done != 0:
         raise RuntimeError(f"broadcast(algorithm='direct'): reading the root's buffer or writing a rank's failed on "
                            f"rank {comm.myrank}; set {direct.ENV}=0 to use messages")

@@ -46,6 +46,11 @@ def _broadcast(buf, root, slots, state):
     return 0
 
 
+def _fields(buf, root: int):
+    """What a broadcast's ranks compare when their calls differ (``signature.mismatch``)."""
+    return (("buf length", buf.size), ("buf dtype", buf.dtype.name), ("root", root), ("algorithm", "shared_memory"))
+
+
 @register("shared_memory")
 def broadcast(comm, buf, root):
     window = shared_memory.window_of(comm)
@@ -53,7 +58,7 @@ def broadcast(comm, buf, root):
         by_messages(comm, buf, root)
         return
     if _broadcast(buf, root, window.slots(buf.dtype), window.state) != 0:
-        raise mismatch(comm, buf, "shared_memory")
+        raise mismatch(comm, buf, "shared_memory", "broadcast", _fields(buf, root))
 
 
 def binding(comm, dtype, root: int) -> Optional[Callable[[np.ndarray], None]]:
@@ -66,5 +71,5 @@ def binding(comm, dtype, root: int) -> Optional[Callable[[np.ndarray], None]]:
 
     def run(buf: np.ndarray) -> None:
         if _broadcast(buf, root, slots, state) != 0:
-            raise mismatch(comm, buf, "shared_memory")
+            raise mismatch(comm, buf, "shared_memory", "broadcast", _fields(buf, root))
     return run

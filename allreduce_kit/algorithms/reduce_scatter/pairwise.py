@@ -10,6 +10,10 @@ at the end (nobody reads this rank's ``buf`` any more); each rank reads (p-1)/p 
 
 Otherwise by messages: in step k (1 .. p-1) rank r sends its copy of block r-k to rank r-k and
 receives rank r+k's copy of block r, which it folds in: the same order, the same bits.
+
+A buffer whose length or dtype differs between ranks raises ``ValueError`` on every rank
+(``signature.py``): on one node every rank compares every peer's published word before it reads
+any, and by messages every rank receives from every other.
 """
 from numba import njit
 
@@ -17,7 +21,7 @@ from . import register
 from .. import direct
 from ...blocks import shard_bounds
 from ...kernels import reduce as _loops
-from ..signature import mismatch
+from ..signature import BAD, mismatch, sendrecv, tag as signature
 
 TAG = 207
 #: Scratch slot of the library's communicator (``LibraryComm.scratch``) used here.
@@ -52,14 +56,17 @@ def reduce_scatter(comm, buf, out, op):
     if peers is not None and op.code is not None:
         done = _direct(buf, out, bounds[rank], peers.state, peers.piece(buf.dtype), peers.iov, op.code, op.divisor)
         if done == direct.MISMATCH:
-            raise mismatch(comm, buf, "pairwise")
+            raise mismatch(comm, buf, "pairwise", "reduce_scatter", result="out")
         if done != 0:
             raise RuntimeError(f"reduce_scatter(algorithm='pairwise'): reading a peer's buffer failed on rank "
                                f"{rank}; set {direct.ENV}=0 to use messages")
         return
     out[:] = buf[bounds[rank]:bounds[rank + 1]]
     incoming = comm.scratch(out.size, out.dtype, INCOMING)
+    tag = signature(buf, TAG)
     for k in range(1, p):
         to, source = (rank - k) % p, (rank + k) % p
-        comm.Sendrecv(buf[bounds[to]:bounds[to + 1]], to, TAG, incoming, source, TAG)
+        tag = sendrecv(comm, buf[bounds[to]:bounds[to + 1]], to, incoming, source, tag)
         op.combine(out, incoming, k == p - 1)
+    if tag & BAD:
+        raise mismatch(comm, buf, "pairwise", "reduce_scatter", result="out")

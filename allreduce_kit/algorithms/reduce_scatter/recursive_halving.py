@@ -10,10 +10,14 @@ the partner's blocks, keeps the half that holds its own, and folds the partner's
 half in. After the last step each folded rank holds its own blocks, complete; an odd rank below
 2 rem sends its even partner that rank's block. Each rank of the folded group sends and
 receives (pof2-1)/pof2 of the buffer in lg pof2 messages.
+
+A buffer whose length or dtype differs between ranks raises ``ValueError`` on every rank
+(``signature.py``): every block's result depends on every rank's buffer.
 """
 from . import register
 from ...blocks import shard_bounds
 from ..fold import plan
+from ..signature import BAD, mismatch, recv, send, sendrecv, tag as signature
 
 TAG = 202
 #: Scratch slots of the library's communicator (``LibraryComm.scratch``) used here.
@@ -30,13 +34,14 @@ def reduce_scatter(comm, buf, out, op):
     p, rank = comm.nranks, comm.myrank
     fold = plan(p, rank)
     bounds = shard_bounds(buf.size, p)
+    tag = signature(buf, TAG)
     if fold.newrank < 0:  # an even rank below 2 rem: hand everything over, get the block back
-        comm.Send(buf, rank + 1, TAG)
-        comm.Recv(out, rank + 1, TAG)
-        return
+        send(comm, buf, rank + 1, tag)
+        tag = recv(comm, out, rank + 1, tag)
+        return _done(comm, buf, tag)
     work = comm.scratch(buf.size, buf.dtype, WORK)
     if rank < 2 * fold.rem:  # an odd rank below 2 rem: fold the even partner's buffer into a copy
-        comm.Recv(work, rank - 1, TAG)
+        tag = recv(comm, work, rank - 1, tag)
         op.combine(work, buf)
     else:
         work[:] = buf
@@ -52,11 +57,17 @@ def reduce_scatter(comm, buf, out, op):
             keep, give = (middle, hi), (lo, middle)
         kept = work[fb[keep[0]]:fb[keep[1]]]
         arriving = incoming[:kept.size]
-        comm.Sendrecv(work[fb[give[0]]:fb[give[1]]], fold.real(v ^ d), TAG, arriving, fold.real(v ^ d), TAG)
+        partner = fold.real(v ^ d)
+        tag = sendrecv(comm, work[fb[give[0]]:fb[give[1]]], partner, arriving, partner, tag)
         op.combine(kept, arriving, d == 1)
         lo, hi = keep
         d //= 2
     if rank < 2 * fold.rem:  # the two blocks of ranks rank - 1 and rank
-        comm.Send(work[bounds[rank - 1]:bounds[rank]], rank - 1, TAG)
+        send(comm, work[bounds[rank - 1]:bounds[rank]], rank - 1, tag)
     out[:] = work[bounds[rank]:bounds[rank + 1]]
+    _done(comm, buf, tag)
 
+
+def _done(comm, buf, tag: int) -> None:
+    if tag & BAD:
+        raise mismatch(comm, buf, "recursive_halving", "reduce_scatter", result="out")

@@ -65,7 +65,7 @@ def reduce_scatter(comm, buf, out, op):
     bounds = shard_bounds(buf.size, comm.nranks)
     lo, hi = bounds[comm.myrank], bounds[comm.myrank + 1]
     if _reduce_scatter(buf, out, lo, hi, window.slots(buf.dtype), window.state, op.code, op.divisor) != 0:
-        raise mismatch(comm, buf, "shared_memory")
+        raise mismatch(comm, buf, "shared_memory", "reduce_scatter", result="out")
 
 
 def binding(comm, dtype, n: int, op) -> Optional[Callable[[np.ndarray, np.ndarray], None]]:
@@ -81,5 +81,5 @@ def binding(comm, dtype, n: int, op) -> Optional[Callable[[np.ndarray, np.ndarra
 
     def run(buf: np.ndarray, out: np.ndarray) -> None:
         if _reduce_scatter(buf, out, lo, hi, slots, state, code, divisor) != 0:
-            raise mismatch(comm, buf, "shared_memory")
+            raise mismatch(comm, buf, "shared_memory", "reduce_scatter", result="out")
     return run
