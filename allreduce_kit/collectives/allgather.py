@@ -13,6 +13,7 @@ from ..progress import IN_FLIGHT
 from .common import (Again, algorithm_name, checking_locally, comm_shape, counts_argument, input_array, keeps,
                      output_array, settle, stall_argument, watched)
 
+_COMM_WORLD = MPI.COMM_WORLD
 CALLER = "allgather"
 
 
@@ -73,7 +74,8 @@ def allgather(block: np.ndarray, out: Optional[np.ndarray] = None, *, counts: Op
     """
     again = _LAST[0]
     if (again is not None and again.first() is block and again.second() is out and again.key is algorithm
-            and counts is None and comm is None and check is None and stall_timeout is None and not IN_FLIGHT[0]
+            and counts is None and (comm is None or comm is _COMM_WORLD) and check is None and stall_timeout is None
+            and not IN_FLIGHT[0]
             and block.shape == again.shapes[0] and out.shape == again.shapes[1] and block.dtype is again.dtype
             and out.dtype is again.dtype and block.flags.c_contiguous and out.flags.carray):
         again(block, out)

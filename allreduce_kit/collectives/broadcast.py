@@ -13,6 +13,7 @@ from ..progress import IN_FLIGHT
 from .common import (Again, agree_unchecked, algorithm_name, checking_locally, comm_shape, input_array, keeps,
                      rank_argument, settle, stall_argument, watched)
 
+_COMM_WORLD = MPI.COMM_WORLD
 CALLER = "broadcast"
 
 
@@ -42,16 +43,17 @@ def broadcast(buf: np.ndarray, root: int = 0, *, algorithm: str = "auto", comm: 
     any rank, raises the same error on every rank. Without it, a length, dtype or root that
     differs between ranks still raises the same ``ValueError`` on every rank
     (``broadcast: root differs between ranks (rank 0: 0, rank 1: 1); ...``), with every
-    algorithm (``auto`` too, unless the lengths fall on both sides of its split): by messages the ranks first agree on them in one ``Allreduce`` of a few int64
+    algorithm (``auto`` too, unless the lengths fall on both sides of its split): by messages the
+    ranks first agree on them in one ``Allreduce`` of a few int64
     (the data flows from the root only, so nothing the algorithm sends could tell every rank, and
     ranks that name different roots would run different schedules); ``direct`` on one node
     compares what each rank publishes beside its buffer instead, at no cost.
     ``stall_timeout`` as for ``allreduce``.
     """
     again = _LAST[0]
-    if (again is not None and again.first() is buf and again.key == (algorithm, root) and comm is None
-            and check is None and stall_timeout is None and not IN_FLIGHT[0] and buf.shape == again.shapes[0]
-            and buf.dtype is again.dtype and buf.flags.carray):
+    if (again is not None and again.first() is buf and again.key == (algorithm, root)
+            and (comm is None or comm is _COMM_WORLD) and check is None and stall_timeout is None
+            and not IN_FLIGHT[0] and buf.shape == again.shapes[0] and buf.dtype is again.dtype and buf.flags.carray):
         again(buf, None)
         return buf
     error = None

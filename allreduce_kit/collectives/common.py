@@ -186,9 +186,10 @@ class Again:
     short path checks (in the collective's own first lines, inline: a method call is a share of a
     small call): that it is made with the same two array objects (``first``, ``second``; ``None``
     where the collective has one), with the same shapes, dtype and flags, and the same other
-    arguments (``key``), no ``comm``, ``check`` or ``stall_timeout``, and no nonblocking call in
-    flight. ``run(first, second)`` is the call's algorithm with everything else bound; the stall
-    inspector is told of it as the full path would, with the description made there."""
+    arguments (``key``), on ``COMM_WORLD`` (``comm`` not given, or ``MPI.COMM_WORLD``), without
+    ``check`` or ``stall_timeout``, and no nonblocking call in flight. ``run(first, second)`` is
+    the call's algorithm with everything else bound; the stall inspector is told of it as the
+    full path would, with the description made there."""
 
     __slots__ = ("first", "second", "shapes", "dtype", "key", "run", "watched")
 
@@ -215,5 +216,5 @@ def _none() -> None:
 
 def keeps(lib: LibraryComm, comm, check: Optional[bool], stall_timeout) -> bool:
     """Whether a call just made the full way may be kept (``Again``)."""
-    return (comm is None and check is None and stall_timeout is None and not lib.check_default
-            and bool(_world) and lib is _world[0])
+    return ((comm is None or comm is MPI.COMM_WORLD) and check is None and stall_timeout is None
+            and not lib.check_default and bool(_world) and lib is _world[0])

@@ -13,6 +13,7 @@ from ..progress import IN_FLIGHT
 from .common import (Again, algorithm_name, checking_locally, comm_shape, input_array, keeps, output_array,
                      settle, stall_argument, watched)
 
+_COMM_WORLD = MPI.COMM_WORLD
 CALLER = "reduce_scatter"
 #: Scratch slot for the result when ``out`` is ``buf``'s own block.
 _ALIASED = 44
@@ -66,7 +67,7 @@ def reduce_scatter(buf: np.ndarray, out: Optional[np.ndarray] = None, *, op: str
     """
     again = _LAST[0]
     if (again is not None and again.first() is buf and again.second() is out and again.key == (op, algorithm)
-            and comm is None and check is None and stall_timeout is None and not IN_FLIGHT[0]
+            and (comm is None or comm is _COMM_WORLD) and check is None and stall_timeout is None and not IN_FLIGHT[0]
             and buf.shape == again.shapes[0] and out.shape == again.shapes[1] and buf.dtype is again.dtype
             and out.dtype is again.dtype and buf.flags.c_contiguous and out.flags.carray):
         again(buf, out)
