@@ -149,6 +149,25 @@ def _allreduce_at(buf, state_address, code, divisor):
     return _allreduce(buf, slots, state, code, divisor)
 
 
+@njit(cache=True, nogil=True)
+def window_at(state_address, like):
+    """The window's ``state`` and its slot area viewed as ``like``'s dtype, from the address of
+    its ``state``: how a compiled entry point that a repeated call runs (``entry``) finds the
+    window without unpacking arrays."""
+    state = carray(pointer_to(state_address, state_address), _STATE_WORDS)
+    return state, carray(pointer_to(state[7], like), 2 * state[1] * state[6] // like.itemsize)
+
+
+def entry(function, dtype: np.dtype, rest: tuple, made: Dict[np.dtype, object]):
+    """``function`` compiled for a first argument of a 1-D C-contiguous array of ``dtype`` and
+    the argument types ``rest``, once per dtype (kept in ``made``): called without numba's type
+    dispatch, which is a share of a small call. The caller passes arguments of exactly those types."""
+    kernel = made.get(dtype)
+    if kernel is None:
+        kernel = made[dtype] = function.compile((types.Array(from_dtype(dtype), 1, "C"), *rest))
+    return kernel
+
+
 #: ``_allreduce_at``'s compiled entry point per dtype (``binding``).
 _ENTRIES: Dict[np.dtype, object] = {}
 

@@ -77,7 +77,7 @@ def allgather(block: np.ndarray, out: Optional[np.ndarray] = None, *, counts: Op
             and counts is None and (comm is None or comm is _COMM_WORLD) and check is None and stall_timeout is None
             and not IN_FLIGHT[0]
             and block.shape == again.shapes[0] and out.shape == again.shapes[1] and block.dtype is again.dtype
-            and out.dtype is again.dtype and block.flags.c_contiguous and out.flags.carray):
+            and out.dtype is again.dtype and block.flags.carray and out.flags.carray):
         again(block, out)
         return out
     error = None
@@ -128,17 +128,16 @@ def allgather(block: np.ndarray, out: Optional[np.ndarray] = None, *, counts: Op
 def _kept(lib, runs: str, dtype, bounds, copies: bool):
     """The call of ``runs`` with ``bounds`` that ``Again`` repeats: copy the block into ``out``
     (unless it is ``out``'s own slot), then gather."""
-    lo, hi = bounds[lib.myrank], bounds[lib.myrank + 1]
     fast = shared_memory.binding(lib, dtype, bounds) if runs == "shared_memory" else None
+    if fast is not None:
+        return fast  # the compiled entry copies the block in itself
+    lo, hi = bounds[lib.myrank], bounds[lib.myrank + 1]
     algorithm = registry.ALGORITHMS[runs]
 
     def run(block, out):
         if copies:
             out[lo:hi] = block
-        if fast is not None:
-            fast(out)
-        else:
-            algorithm(lib, out, bounds)
+        algorithm(lib, out, bounds)
     return run
 
 

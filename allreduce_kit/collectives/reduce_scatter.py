@@ -69,7 +69,7 @@ def reduce_scatter(buf: np.ndarray, out: Optional[np.ndarray] = None, *, op: str
     if (again is not None and again.first() is buf and again.second() is out and again.key == (op, algorithm)
             and (comm is None or comm is _COMM_WORLD) and check is None and stall_timeout is None and not IN_FLIGHT[0]
             and buf.shape == again.shapes[0] and out.shape == again.shapes[1] and buf.dtype is again.dtype
-            and out.dtype is again.dtype and buf.flags.c_contiguous and out.flags.carray):
+            and out.dtype is again.dtype and buf.flags.carray and out.flags.carray):
         again(buf, out)
         return out
     error = None

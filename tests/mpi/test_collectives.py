@@ -318,28 +318,30 @@ def test_one_node_forms_give_the_bits_of_their_messages(comm):
 @pytest.mark.parametrize("algorithm", ["auto", "shared_memory", "mpi"])
 def test_the_same_call_again_follows_new_values_and_rechecks_what_changed(algorithm):
     """A loop that calls a collective on the same arrays (on ``COMM_WORLD``, which keeps the call
-    to skip its checks) gets each call's own result, and a call with another array, shape or
-    dtype is checked again."""
+    to skip its checks) gets each call's own result, for each dtype, and a call with another
+    array, shape or dtype is checked again."""
     world = MPI.COMM_WORLD
     p, rank = world.Get_size(), world.Get_rank()
     n = 3 * p + 1
-    buf, gathered, reduced = np.empty(n, np.float32), np.empty(n, np.float32), None
     lo, hi = blocks.block(n, p, rank)
-    reduced = np.empty(hi - lo, np.float32)
-    block = np.empty(hi - lo, np.float32)
-    for step in range(4):
-        buf[:] = np.arange(n) * (rank + 1) + step
-        reduce_scatter(buf, reduced, algorithm=algorithm)
-        assert np.array_equal(reduced, (np.arange(n) * p * (p + 1) / 2 + p * step)[lo:hi]), f"step {step}"
-        block[:] = reduced + rank
-        allgather(block, gathered, algorithm=algorithm)
-        expected = np.concatenate([(np.arange(n) * p * (p + 1) / 2 + p * step)[a:b] + r
-                                   for r, (a, b) in enumerate(zip(shard_bounds(n, p), shard_bounds(n, p)[1:]))])
-        assert np.array_equal(gathered, expected), f"step {step}"
-        root = step % p
-        buf[:] = step * 10 + rank
-        broadcast(buf, root, algorithm=algorithm)
-        assert np.all(buf == step * 10 + root), f"step {step}"
+    bounds = shard_bounds(n, p)
+    for dtype in (np.float64, np.int64, np.float32):
+        buf, gathered = np.empty(n, dtype), np.empty(n, dtype)
+        reduced, block = np.empty(hi - lo, dtype), np.empty(hi - lo, dtype)
+        for step in range(4):
+            comm = None if step % 2 else world  # comm not given, or COMM_WORLD: the same call
+            buf[:] = np.arange(n) * (rank + 1) + step
+            reduce_scatter(buf, reduced, algorithm=algorithm, comm=comm)
+            sums = np.arange(n) * p * (p + 1) // 2 + p * step
+            assert np.array_equal(reduced, sums[lo:hi]), f"{dtype} step {step}"
+            block[:] = reduced + rank
+            allgather(block, gathered, algorithm=algorithm, comm=comm)
+            expected = np.concatenate([sums[a:b] + r for r, (a, b) in enumerate(zip(bounds, bounds[1:]))])
+            assert np.array_equal(gathered, expected), f"{dtype} step {step}"
+            root = step % p
+            buf[:] = step * 10 + rank
+            broadcast(buf, root, algorithm=algorithm, comm=comm)
+            assert np.all(buf == step * 10 + root), f"{dtype} step {step}"
     with pytest.raises(TypeError, match="out has dtype float64"):
         reduce_scatter(buf, reduced.astype(np.float64), algorithm=algorithm)
     with pytest.raises(ValueError, match="block has"):

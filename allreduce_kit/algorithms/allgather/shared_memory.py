@@ -11,7 +11,7 @@ many as the longest block needs. Where the window cannot be made (ranks on sever
 from typing import Callable, Optional
 
 import numpy as np
-from numba import njit
+from numba import from_dtype, njit, types
 
 from . import register
 from .. import shared_memory
@@ -67,15 +67,32 @@ def allgather(comm, out, bounds):
         raise mismatch(comm, out, bounds, "shared_memory")
 
 
-def binding(comm, dtype, bounds) -> Optional[Callable[[np.ndarray], None]]:
-    """``allgather(comm, out, bounds)`` for an ``out`` of ``dtype``, with the window and ``bounds``
-    bound (a call that repeats, ``collectives.common.Again``); ``None`` where there is no window."""
+@njit(cache=True, nogil=True)
+def _allgather_at(out, mine, bounds, state_address):
+    """``mine`` copied into its block of ``out``, then ``_allgather`` on the window whose state is at
+    ``state_address`` (``shared_memory.window_at``)."""
+    state, slots = shared_memory.window_at(state_address, out)
+    rank = state[0]
+    _loops.copy(out[bounds[rank]:bounds[rank + 1]], mine)
+    return _allgather(out, bounds, slots, state)
+
+
+#: ``_allgather_at``'s compiled entry point per dtype (``binding``).
+_ENTRIES: dict = {}
+
+
+def binding(comm, dtype, bounds) -> Optional[Callable[[np.ndarray, np.ndarray], None]]:
+    """``allgather`` of ``mine`` into an ``out`` of ``dtype`` with ``bounds``, the window and the
+    blocks bound, straight into a compiled entry point (a call that repeats,
+    ``collectives.common.Again``); ``None`` where there is no window."""
     window = comm.state.get(shared_memory.Window)
     if window is None:
         return None
-    slots, state, blocks = window.slots(dtype), window.state, np.asarray(bounds, np.int64)
+    blocks, address = np.asarray(bounds, np.int64), window.state.ctypes.data
+    kernel = shared_memory.entry(_allgather_at, np.dtype(dtype), (types.Array(from_dtype(np.dtype(dtype)), 1, "C"),
+                                 types.Array(types.int64, 1, "C"), types.int64), _ENTRIES)
 
-    def run(out: np.ndarray) -> None:
-        if _allgather(out, blocks, slots, state) != 0:
+    def run(mine: np.ndarray, out: np.ndarray) -> None:
+        if kernel(out, mine, blocks, address) != 0:
             raise mismatch(comm, out, bounds, "shared_memory")
     return run

@@ -10,7 +10,7 @@ made (ranks on several nodes), ``binomial``.
 from typing import Callable, Optional
 
 import numpy as np
-from numba import njit
+from numba import njit, types
 
 from . import register
 from .. import shared_memory
@@ -61,15 +61,28 @@ def broadcast(comm, buf, root):
         raise mismatch(comm, buf, "shared_memory", "broadcast", _fields(buf, root))
 
 
+@njit(cache=True, nogil=True)
+def _broadcast_at(buf, root, state_address):
+    """``_broadcast`` on the window whose state is at ``state_address`` (``shared_memory.window_at``)."""
+    state, slots = shared_memory.window_at(state_address, buf)
+    return _broadcast(buf, root, slots, state)
+
+
+#: ``_broadcast_at``'s compiled entry point per dtype (``binding``).
+_ENTRIES: dict = {}
+
+
 def binding(comm, dtype, root: int) -> Optional[Callable[[np.ndarray], None]]:
     """``broadcast(comm, buf, root)`` for a ``buf`` of ``dtype``, with the window and ``root``
-    bound (a call that repeats, ``collectives.common.Again``); ``None`` where there is no window."""
+    bound, straight into a compiled entry point (a call that repeats,
+    ``collectives.common.Again``); ``None`` where there is no window."""
     window = comm.state.get(shared_memory.Window)
     if window is None:
         return None
-    slots, state = window.slots(dtype), window.state
+    address = window.state.ctypes.data
+    kernel = shared_memory.entry(_broadcast_at, np.dtype(dtype), (types.int64, types.int64), _ENTRIES)
 
     def run(buf: np.ndarray) -> None:
-        if _broadcast(buf, root, slots, state) != 0:
+        if kernel(buf, root, address) != 0:
             raise mismatch(comm, buf, "shared_memory", "broadcast", _fields(buf, root))
     return run

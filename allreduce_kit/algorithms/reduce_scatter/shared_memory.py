@@ -13,7 +13,7 @@ on several nodes) or ``op`` has no compiled kernel, ``recursive_halving``.
 from typing import Callable, Optional
 
 import numpy as np
-from numba import njit
+from numba import from_dtype, njit, types
 
 from . import register
 from .. import shared_memory
@@ -68,18 +68,33 @@ def reduce_scatter(comm, buf, out, op):
         raise mismatch(comm, buf, "shared_memory", "reduce_scatter", result="out")
 
 
+@njit(cache=True, nogil=True)
+def _reduce_scatter_at(buf, out, lo, hi, state_address, code, divisor):
+    """``_reduce_scatter`` on the window whose state is at ``state_address`` (``shared_memory.window_at``)."""
+    state, slots = shared_memory.window_at(state_address, buf)
+    return _reduce_scatter(buf, out, lo, hi, slots, state, code, divisor)
+
+
+#: ``_reduce_scatter_at``'s compiled entry point per dtype (``binding``).
+_ENTRIES: dict = {}
+
+
 def binding(comm, dtype, n: int, op) -> Optional[Callable[[np.ndarray, np.ndarray], None]]:
     """``reduce_scatter(comm, buf, out, op)`` for a ``buf`` of ``n`` elements of ``dtype``, with
-    the window, this rank's block and ``op`` bound (a call that repeats,
-    ``collectives.common.Again``); ``None`` where there is no window or ``op`` has no kernel."""
+    the window, this rank's block and ``op`` bound, straight into a compiled entry point (a call
+    that repeats, ``collectives.common.Again``); ``None`` where there is no window or ``op`` has
+    no kernel."""
     window = comm.state.get(shared_memory.Window)
     if window is None or op.code is None:
         return None
-    slots, state, code, divisor = window.slots(dtype), window.state, op.code, op.divisor
+    dtype = np.dtype(dtype)
+    address, code, divisor = window.state.ctypes.data, op.code, op.divisor
     bounds = shard_bounds(n, comm.nranks)
     lo, hi = bounds[comm.myrank], bounds[comm.myrank + 1]
+    kernel = shared_memory.entry(_reduce_scatter_at, dtype, (types.Array(from_dtype(dtype), 1, "C"), types.int64,
+                                 types.int64, types.int64, types.int64, types.int64), _ENTRIES)
 
     def run(buf: np.ndarray, out: np.ndarray) -> None:
-        if _reduce_scatter(buf, out, lo, hi, slots, state, code, divisor) != 0:
+        if kernel(buf, out, lo, hi, address, code, divisor) != 0:
             raise mismatch(comm, buf, "shared_memory", "reduce_scatter", result="out")
     return run
