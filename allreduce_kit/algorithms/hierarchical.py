@@ -135,9 +135,10 @@ class Plan:
             sub.Free()
 
 
-def _agree(comm, plan: Plan, buf: np.ndarray) -> None:
-    """Raise the same ``ValueError`` on every rank if the ranks' buffers differ."""
-    _agreed(comm, plan, buf, _start_agreeing(comm, plan, buf))
+def _agree(comm, plan: Plan, buf: np.ndarray, caller: str = "allreduce", result: str = "buf") -> None:
+    """Raise the same ``ValueError`` on every rank if the ranks' buffers differ (``caller``: the
+    collective it names; ``result``: what the call leaves undefined)."""
+    _agreed(comm, plan, buf, _start_agreeing(comm, plan, buf), caller, result)
 
 
 def _start_agreeing(comm, plan: Plan, buf: np.ndarray) -> MPI.Request:
@@ -148,12 +149,14 @@ def _start_agreeing(comm, plan: Plan, buf: np.ndarray) -> MPI.Request:
     return comm.Iallreduce(MPI.IN_PLACE, sig, op=MPI.MAX)
 
 
-def _agreed(comm, plan: Plan, buf: np.ndarray, request: MPI.Request) -> None:
-    """Wait for ``_start_agreeing``'s answer; the same ``ValueError`` on every rank if the buffers differ."""
+def _agreed(comm, plan: Plan, buf: np.ndarray, request: MPI.Request, caller: str = "allreduce",
+            result: str = "buf") -> None:
+    """Wait for ``_start_agreeing``'s answer; the same ``ValueError`` on every rank if the buffers
+    differ, naming ``caller`` (the collective: ``reduce_scatter`` and ``allgather`` agree this way too)."""
     request.Wait()
     sig = plan.signature
     if sig[0] != buf.size or sig[1] != DTYPES.index(buf.dtype) or -sig[2] != buf.size or -sig[3] != sig[1]:
-        raise mismatch(comm, buf, "hierarchical")
+        raise mismatch(comm, buf, "hierarchical", caller, result=result)
 
 
 def _reduce_scatter_messages(node, buf: np.ndarray, bounds: np.ndarray, op) -> None:

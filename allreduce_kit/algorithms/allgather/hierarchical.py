@@ -44,7 +44,7 @@ def allgather(comm, out, bounds):
     node, cp, me = plan.node, counterparts.of(comm), comm.myrank
     isz = out.itemsize
     peers = direct.peers_for(node) if node.nranks > 1 else None
-    allreduce_plan._agree(comm, plan, out)
+    allreduce_plan._agree(comm, plan, out, "allgather", "out")
     # step 1: the blocks this rank stands in for, from their ranks; its own block to its counterparts
     arriving = []
     for b in cp.stands_in_for(me):

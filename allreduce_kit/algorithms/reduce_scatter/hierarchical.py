@@ -43,6 +43,8 @@ from .. import counterparts, direct
 from .. import hierarchical as allreduce_plan
 from ...blocks import bounds_array
 
+#: The collective a mismatch names.
+CALLER = "reduce_scatter"
 TAG = 210
 #: Scratch slots of the library's communicator (``LibraryComm.scratch``) used here.
 STAGING, INCOMING, PACKED = 46, 47, 48
@@ -77,14 +79,14 @@ def reduce_scatter(comm, buf, out, op):
     peers = direct.peers_for(node) if node.nranks > 1 and op.code is not None else None
     agreeing = allreduce_plan._start_agreeing(comm, plan, buf) if peers is not None else None
     if agreeing is None:  # messages of different lengths must not be sent: agree first
-        allreduce_plan._agreed(comm, plan, buf, allreduce_plan._start_agreeing(comm, plan, buf))
+        allreduce_plan._agreed(comm, plan, buf, allreduce_plan._start_agreeing(comm, plan, buf), CALLER, "out")
 
     def agreed() -> None:
         """Once the ranks agree on their buffers: post the receives of the other nodes' partial
         results of this rank's block, in node order."""
         nonlocal agreeing
         if agreeing is not None:
-            allreduce_plan._agreed(comm, plan, buf, agreeing)
+            allreduce_plan._agreed(comm, plan, buf, agreeing, CALLER, "out")
             agreeing = None
         if not arriving:
             arriving.extend([comm.Irecv([incoming[k * (hi - lo) + s:k * (hi - lo) + e], MPI.BYTE], source, TAG)
