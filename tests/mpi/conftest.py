@@ -7,7 +7,8 @@ the process.
 """
 import gc
 import hashlib
-from typing import Callable, Dict
+import itertools
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 import pytest
@@ -96,3 +97,19 @@ def assert_same_everywhere(comm, buf: np.ndarray) -> None:
     """Every rank of ``comm`` holds bitwise the same ``buf`` (compared by digest)."""
     digests = comm.allgather(hashlib.blake2b(buf.data, digest_size=16).digest())
     assert all(d == digests[0] for d in digests), "ranks ended with different bits"
+
+
+#: Up to this many ranks the matching tests check every combination of their axes (dtype, op,
+#: length, root); with more (5 and 8 ranks, oversubscribed on the suite's 2 cores) every value of
+#: every axis at least once (``cases``): the schedule at a rank count is what is new there, and
+#: dtypes and ops are orthogonal to it.
+EVERY_COMBINATION_UP_TO = 4
+
+
+def cases(comm, *axes: Sequence) -> List[Tuple]:
+    """The tuples of ``axes`` a matching test checks at ``comm``'s size: the whole product up to
+    ``EVERY_COMBINATION_UP_TO`` ranks; beyond it a cover in which every value of every axis
+    appears (the k-th tuple takes value k of each axis, cycling)."""
+    if comm.Get_size() <= EVERY_COMBINATION_UP_TO:
+        return list(itertools.product(*axes))
+    return [tuple(axis[k % len(axis)] for axis in axes) for k in range(max(len(axis) for axis in axes))]

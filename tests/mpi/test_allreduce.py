@@ -3,6 +3,7 @@
 Each rank fills its buffer with its own values, checks its own result against MPI's, and all
 ranks must end with bitwise the same result.
 """
+import itertools
 import os
 import time
 
@@ -11,7 +12,7 @@ import pytest
 from mpi4py import MPI
 
 from allreduce_kit import ALGORITHMS, OPS, allreduce, library_comm, online
-from conftest import assert_quiet, assert_same_everywhere
+from conftest import assert_quiet, assert_same_everywhere, cases
 
 DTYPES = ("float32", "float64", "int32", "int64")
 #: The algorithms that read their peers' buffers directly on one node (``direct.py``).
@@ -56,24 +57,23 @@ def float_tolerance(comm, x: np.ndarray, op: str) -> np.ndarray:
 @pytest.mark.mpi
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS) + ["auto"])
 def test_matches_mpi_allreduce(comm, algorithm):
-    """Every op, dtype and awkward length, on one communicator per algorithm (each test's own
-    communicator costs the library a clone and its set-up: a test per case would multiply it)."""
-    for dtype in DTYPES:
-        for op in OPS:
-            for n in lengths(comm.Get_size()):
-                case = f"{dtype} {op} n={n}"
-                x = local_values(n, dtype, comm.Get_rank())
-                expected = oracle(comm, x, op)
-                tolerance = float_tolerance(comm, x, op) if x.dtype.kind == "f" else None
-                result = allreduce(x, op=op, algorithm=algorithm, comm=comm)
-                assert result is x, "allreduce works in place and returns its buffer"
-                if tolerance is None:
-                    assert np.array_equal(x, expected), f"{case}: integers must match MPI exactly"
-                else:
-                    error = np.abs(x.astype(np.float64) - expected)
-                    assert np.all(error <= tolerance), f"{case}: max error {error.max()} beyond tolerance"
-                assert_same_everywhere(comm, x)
-                assert_quiet(comm)
+    """Every op, dtype and awkward length (``cases``), on one communicator per algorithm (each
+    test's own communicator costs the library a clone and its set-up: a test per case would
+    multiply it)."""
+    for (dtype, op), n in cases(comm, list(itertools.product(DTYPES, OPS)), lengths(comm.Get_size())):
+        case = f"{dtype} {op} n={n}"
+        x = local_values(n, dtype, comm.Get_rank())
+        expected = oracle(comm, x, op)
+        tolerance = float_tolerance(comm, x, op) if x.dtype.kind == "f" else None
+        result = allreduce(x, op=op, algorithm=algorithm, comm=comm)
+        assert result is x, "allreduce works in place and returns its buffer"
+        if tolerance is None:
+            assert np.array_equal(x, expected), f"{case}: integers must match MPI exactly"
+        else:
+            error = np.abs(x.astype(np.float64) - expected)
+            assert np.all(error <= tolerance), f"{case}: max error {error.max()} beyond tolerance"
+        assert_same_everywhere(comm, x)
+        assert_quiet(comm)
 
 
 @pytest.mark.mpi

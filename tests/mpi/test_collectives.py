@@ -3,6 +3,8 @@ every op, dtype and awkward length; blocks follow the one block rule; a malforme
 before anything is sent, naming the argument; with ``check=True`` a call that differs between
 ranks raises the same ``ValueError`` on every rank; nothing is left unreceived.
 """
+import itertools
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -12,7 +14,7 @@ from allreduce_kit.algorithms import allgather as allgathers
 from allreduce_kit.algorithms import broadcast as broadcasts
 from allreduce_kit.algorithms import reduce_scatter as reduce_scatters
 from allreduce_kit.stall import INSPECTOR
-from conftest import assert_quiet, assert_same_everywhere, release
+from conftest import EVERY_COMBINATION_UP_TO, assert_quiet, assert_same_everywhere, cases, release
 from test_allreduce import DTYPES, float_tolerance, local_values, oracle
 
 
@@ -39,58 +41,56 @@ def test_every_collective_has_mpi_and_the_schedules_it_promises():
 @pytest.mark.mpi
 @pytest.mark.parametrize("algorithm", sorted(reduce_scatters.ALGORITHMS) + ["auto"])
 def test_reduce_scatter_matches_mpi(comm, algorithm):
-    for dtype in DTYPES:
-        for op in OPS if algorithm != "auto" else ("sum",):  # auto runs one of the others
-            for n in lengths(comm.Get_size(), large=op == "sum"):  # the large length once per dtype: time
-                case = f"{dtype} {op} n={n}"
-                x = local_values(n, dtype, comm.Get_rank())
-                before = x.copy()
-                expected = own_block(oracle(comm, x, op), comm)
-                out = np.full(expected.size, 7, x.dtype)
-                result = reduce_scatter(x, out, op=op, algorithm=algorithm, comm=comm)
-                assert result is out, "reduce_scatter returns out"
-                assert np.array_equal(x, before), f"{case}: buf was modified"
-                if x.dtype.kind == "i" or op in ("max", "min"):
-                    assert np.array_equal(out, expected), f"{case}: integers, max and min must match MPI exactly"
-                else:
-                    error = np.abs(out.astype(np.float64) - expected)
-                    assert np.all(error <= own_block(float_tolerance(comm, x, op), comm)), f"{case}: {error.max()}"
-            assert_quiet(comm)
+    ops = OPS if algorithm != "auto" else ("sum",)  # auto runs one of the others
+    for (dtype, op), n in cases(comm, list(itertools.product(DTYPES, ops)), lengths(comm.Get_size())):
+        if n == LARGE and op != "sum" and comm.Get_size() <= EVERY_COMBINATION_UP_TO:
+            continue  # the large length once per dtype: time
+        case = f"{dtype} {op} n={n}"
+        x = local_values(n, dtype, comm.Get_rank())
+        before = x.copy()
+        expected = own_block(oracle(comm, x, op), comm)
+        out = np.full(expected.size, 7, x.dtype)
+        result = reduce_scatter(x, out, op=op, algorithm=algorithm, comm=comm)
+        assert result is out, "reduce_scatter returns out"
+        assert np.array_equal(x, before), f"{case}: buf was modified"
+        if x.dtype.kind == "i" or op in ("max", "min"):
+            assert np.array_equal(out, expected), f"{case}: integers, max and min must match MPI exactly"
+        else:
+            error = np.abs(out.astype(np.float64) - expected)
+            assert np.all(error <= own_block(float_tolerance(comm, x, op), comm)), f"{case}: {error.max()}"
+    assert_quiet(comm)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("algorithm", sorted(allgathers.ALGORITHMS) + ["auto"])
 def test_allgather_matches_mpi(comm, algorithm):
     p, rank = comm.Get_size(), comm.Get_rank()
-    for dtype in DTYPES:
-        for n in lengths(p):
-            whole = local_values(n, dtype, 0)  # the same on every rank
-            out = np.zeros(n, dtype)
-            assert allgather(own_block(whole, comm).copy(), out, algorithm=algorithm, comm=comm) is out
-            assert np.array_equal(out, whole), f"{dtype} n={n}: blocks of the rule"
-            counts = [(n + 3 * r) % 7 for r in range(p)]  # uneven, some empty: Allgatherv's case
-            mine = local_values(counts[rank], dtype, rank)
-            expected = np.empty(sum(counts), dtype)
-            comm.Allgatherv(mine, [expected, (counts, list(np.cumsum([0] + counts[:-1])))])
-            assert np.array_equal(allgather(mine, counts=counts, algorithm=algorithm, comm=comm), expected)
-            assert np.array_equal(allgather(mine, algorithm=algorithm, comm=comm), expected), "lengths exchanged"
-            assert_same_everywhere(comm, out)
-        assert_quiet(comm)
+    for dtype, n in cases(comm, DTYPES, lengths(p)):
+        whole = local_values(n, dtype, 0)  # the same on every rank
+        out = np.zeros(n, dtype)
+        assert allgather(own_block(whole, comm).copy(), out, algorithm=algorithm, comm=comm) is out
+        assert np.array_equal(out, whole), f"{dtype} n={n}: blocks of the rule"
+        counts = [(n + 3 * r) % 7 for r in range(p)]  # uneven, some empty: Allgatherv's case
+        mine = local_values(counts[rank], dtype, rank)
+        expected = np.empty(sum(counts), dtype)
+        comm.Allgatherv(mine, [expected, (counts, list(np.cumsum([0] + counts[:-1])))])
+        assert np.array_equal(allgather(mine, counts=counts, algorithm=algorithm, comm=comm), expected)
+        assert np.array_equal(allgather(mine, algorithm=algorithm, comm=comm), expected), "lengths exchanged"
+        assert_same_everywhere(comm, out)
+    assert_quiet(comm)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("algorithm", sorted(broadcasts.ALGORITHMS) + ["auto"])
 def test_broadcast_matches_mpi(comm, algorithm):
     p, rank = comm.Get_size(), comm.Get_rank()
-    for dtype in DTYPES:
-        for n in lengths(p):
-            for root in sorted({0, p - 1, p // 2}):
-                x = local_values(n, dtype, rank)
-                expected = x.copy()
-                comm.Bcast(expected, root)
-                assert broadcast(x, root, algorithm=algorithm, comm=comm) is x
-                assert np.array_equal(x, expected), f"{dtype} n={n} root={root}"
-        assert_quiet(comm)
+    for dtype, n, root in cases(comm, DTYPES, lengths(p), sorted({0, p - 1, p // 2})):
+        x = local_values(n, dtype, rank)
+        expected = x.copy()
+        comm.Bcast(expected, root)
+        assert broadcast(x, root, algorithm=algorithm, comm=comm) is x
+        assert np.array_equal(x, expected), f"{dtype} n={n} root={root}"
+    assert_quiet(comm)
 
 
 @pytest.mark.mpi

@@ -3,6 +3,7 @@ dtype and awkward length, call after call on the same buffer; misuse raises ``Va
 before anything is sent; ``average_buffer`` keeps its plans.
 """
 import gc
+import itertools
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ from mpi4py import MPI
 
 import allreduce_kit
 from allreduce_kit import ALGORITHMS, OPS, Plan, average_buffer, library_comm, plan
-from conftest import assert_quiet, assert_same_everywhere
+from conftest import assert_quiet, assert_same_everywhere, cases
 from test_allreduce import DTYPES, float_tolerance, local_values, oracle
 
 
@@ -41,28 +42,26 @@ def test_plan_matches_mpi_allreduce(comm, algorithm):
     """Each plan is called three times on its buffer, refilled in between (the first call binds,
     the later ones take the bound path), the third time as ``start(); wait()``."""
     rank = comm.Get_rank()
-    for dtype in DTYPES:
-        for op in OPS:
-            for n in plan_lengths(comm.Get_size()):
-                x = np.empty(n, dtype)
-                planned = plan(x, op=op, algorithm=algorithm, comm=comm)
-                assert planned.algorithm in ALGORITHMS or (planned.algorithm == "auto" and (n == 0 or comm.Get_size() == 1))
-                for call in range(3):
-                    fresh = local_values(n, dtype, rank + 7 * call)
-                    x[:] = fresh
-                    expected = oracle(comm, fresh, op)
-                    tolerance = float_tolerance(comm, fresh, op) if x.dtype.kind == "f" else None
-                    if call < 2:
-                        assert planned() is x, "a plan reduces its buffer in place and returns it"
-                    else:
-                        planned.start()
-                        assert planned.wait() is x
-                    case = f"{planned!r} call {call}: {dtype} {op} n={n}"
-                    assert_matches(comm, x, expected, tolerance, case)
-                    assert_same_everywhere(comm, x)
-                if planned.algorithm == "mpi" and n and comm.Get_size() > 1:  # bound to MPI's own call, but for a mean
-                    assert (planned._native is None) == (op == "mean"), case
-                assert_quiet(comm)
+    for (dtype, op), n in cases(comm, list(itertools.product(DTYPES, OPS)), plan_lengths(comm.Get_size())):
+        x = np.empty(n, dtype)
+        planned = plan(x, op=op, algorithm=algorithm, comm=comm)
+        assert planned.algorithm in ALGORITHMS or (planned.algorithm == "auto" and (n == 0 or comm.Get_size() == 1))
+        for call in range(3):
+            fresh = local_values(n, dtype, rank + 7 * call)
+            x[:] = fresh
+            expected = oracle(comm, fresh, op)
+            tolerance = float_tolerance(comm, fresh, op) if x.dtype.kind == "f" else None
+            if call < 2:
+                assert planned() is x, "a plan reduces its buffer in place and returns it"
+            else:
+                planned.start()
+                assert planned.wait() is x
+            case = f"{planned!r} call {call}: {dtype} {op} n={n}"
+            assert_matches(comm, x, expected, tolerance, case)
+            assert_same_everywhere(comm, x)
+        if planned.algorithm == "mpi" and n and comm.Get_size() > 1:  # bound to MPI's own call, but for a mean
+            assert (planned._native is None) == (op == "mean"), case
+        assert_quiet(comm)
 
 
 @pytest.mark.mpi
