@@ -30,7 +30,7 @@ from .. import counterparts, direct
 from .. import hierarchical as allreduce_plan
 from ..reduce_scatter.hierarchical import plan_of
 
-TAG = 211
+TAG = 214
 #: Pieces a block crosses the link in (all posted at once), at most this many bytes.
 PIECE = 1 << 20
 

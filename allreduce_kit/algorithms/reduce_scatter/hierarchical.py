@@ -45,7 +45,7 @@ from ...blocks import bounds_array
 
 #: The collective a mismatch names.
 CALLER = "reduce_scatter"
-TAG = 210
+TAG = 213
 #: Scratch slots of the library's communicator (``LibraryComm.scratch``) used here.
 STAGING, INCOMING, PACKED = 46, 47, 48
 #: Pieces a partial block crosses the link in (all posted at once), at most this many bytes.
