@@ -103,7 +103,7 @@ def _interleaved(rank: int, S: int, M: int, V: int) -> List[Action]:
         for c in reversed(range(V)):
             bwd += [Backward(mb, rank + c * S) for mb in group]
     total = len(fwd)
-    warm = min((S - rank - 1) * 2 + (V - 1) * S, total)
+    warm = min((S - rank - 1) * 2 + (V - 1) * S if V > 1 else S - rank - 1, total)   # V = 1: 1F1B
     out = fwd[:warm]
     for i in range(total - warm):
         out += [fwd[warm + i], bwd[i]]

@@ -102,9 +102,14 @@ class PipelineTrainer:
         self.settings = PipelineSettings(S, M, settings.schedule, V, tuple(split), placement)
         self.grid = Grid(S, D, placement)
         self.stage, self.replica = self.grid.position(self.rank)
+        self.virtual = schedules.stage_of_rank(self.stage, S, V)
+        try:
+            self._check_boundaries()
+        except PipelineError:
+            self.comm.Free()
+            raise
         self.pipe_comm = self.comm.Split(color=self.replica, key=self.stage)
         self.replica_comm = self.comm.Split(color=self.stage, key=self.replica)
-        self.virtual = schedules.stage_of_rank(self.stage, S, V)
         self.my_layers = [layer for k in self.virtual for layer in range(*self.bounds[k])]
         shapes = [shape for layer in self.my_layers for shape in self.model.shapes[2 * layer:2 * layer + 2]]
         self.flat = FlatParameters(shapes, dtype=self.model.dtype)
@@ -119,9 +124,13 @@ class PipelineTrainer:
                                      np.empty(self.model.shapes[2 * layer + 1], self.model.dtype))
             self.model.init_layer(rng, layer, W, b)
         self.layers = {k: StageLayers(self.model.widths, *self.bounds[k], pv, gv) for k in self.virtual}
-        self._check_boundaries()
         self.actions = schedules.build(S, M, settings.schedule, V)
-        self.simulated = schedules.simulate(self.actions, 1.0 / V, 2.0 / V)   # also: it cannot hang
+        costs = layer_costs(self.model.widths)
+        work = [sum(costs[a:b]) for a, b in self.bounds]
+        mean = sum(work) / len(work)
+        # The schedule with these stages' costs (multiply-adds; backward twice the forward): also
+        # the proof that it cannot hang.
+        self.simulated = schedules.simulate(self.actions, 1.0, 2.0, stage_costs={k: w / mean for k, w in enumerate(work)})
         self.runtime = Runtime(self.pipe_comm, self.actions[self.stage], self.layers, S * V, M, self.model.dtype)
         self.optimizer = make_optimizer(config.optimizer, self.params.size, self.model.dtype, config.momentum,
                                         config.weight_decay)
@@ -143,7 +152,8 @@ class PipelineTrainer:
     def _check_boundaries(self) -> None:
         """Every stage's output is what the next stage takes (width, dtype), checked across the
         ranks before the first step; a mismatch raises PipelineError on every rank naming the stage."""
-        mine = [(k, self.layers[k].in_width, self.layers[k].out_width, self.model.dtype.name) for k in self.virtual]
+        widths = self.model.widths
+        mine = [(k, widths[self.bounds[k][0]], widths[self.bounds[k][1]], self.model.dtype.name) for k in self.virtual]
         seen = {k: (i, o, d) for part in self.comm.allgather(mine) for k, i, o, d in part}
         for k in range(len(self.bounds) - 1):
             out, nxt = seen[k], seen[k + 1]
