@@ -86,6 +86,12 @@ def check_interleaved(S, M, V):
     assert inter.makespan == pytest.approx(plain.makespan - (S - 1) * 3 * (1 - 1 / V))
 
 
+def test_interleaved_with_one_virtual_stage_is_1f1b():
+    for S, M in itertools.product((1, 2, 3, 4), (1, 2, 4, 8, 12)):
+        if M <= S or M % S == 0:
+            assert sc.build(S, M, "interleaved", 1) == sc.build(S, M, "1f1b"), (S, M)
+
+
 def test_a_list_that_waits_on_itself_is_reported_as_a_deadlock():
     lists = sc.build(2, 2, "1f1b")
     lists[1] = [sc.Backward(0, 1), *[a for a in lists[1] if a != sc.Backward(0, 1)]]

@@ -47,14 +47,15 @@ class StepStats:
 
 class Runtime:
     """One pipeline rank: its ``actions`` over its virtual stages ``layers`` (stage -> StageLayers),
-    talking to the other pipeline ranks of ``comm`` (a communicator whose rank r is pipeline rank
-    r; the library's clone of it carries the messages)."""
+    talking to the other pipeline ranks on ``comm``, whose ranks ``peers[r]`` are pipeline ranks r
+    (the library's clone of ``comm`` carries the messages)."""
 
-    def __init__(self, comm: MPI.Intracomm, actions: Sequence[Action], layers: Dict[int, StageLayers],
-                 total_stages: int, micro_batches: int, dtype):
-        from ..comm import library_comm
-        self.comm = library_comm(comm)
-        self.pipeline_ranks = comm.Get_size()
+    def __init__(self, comm: MPI.Intracomm, peers: Sequence[int], actions: Sequence[Action],
+                 layers: Dict[int, StageLayers], total_stages: int, micro_batches: int, dtype):
+        from ..comm import LibraryComm, library_comm
+        self.comm = comm if isinstance(comm, LibraryComm) else library_comm(comm)
+        self.peers = list(peers)
+        self.pipeline_ranks = len(self.peers)
         self.actions = list(actions)
         self.layers = layers
         self.total_stages = total_stages
@@ -68,7 +69,7 @@ class Runtime:
         self.stats = StepStats()
 
     def _rank(self, stage: int) -> int:
-        return rank_of_stage(stage, self.pipeline_ranks)
+        return self.peers[rank_of_stage(stage, self.pipeline_ranks)]
 
     def step(self, rows: Sequence[int], inputs: Optional[Sequence[np.ndarray]] = None,
              targets: Optional[Sequence[np.ndarray]] = None, total: int = 1) -> Tuple[float, int]:

@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
+from ..comm import library_comm
 from ..params import FlatParameters, average_buffer
 from ..train import data
 from ..train.model import MLP
@@ -81,8 +82,9 @@ class PipelineTrainer:
         self.data = dataset if dataset is not None else load_data(config)
         widths = [self.data.features, *config.hidden, self.data.classes]
         check(settings, config, comm.Get_size(), len(widths) - 1)   # before any message
-        self.comm = comm.Dup()
-        self.rank, self.ranks = self.comm.Get_rank(), self.comm.Get_size()
+        #: The library's clone of ``comm``: the pipeline's messages and the trainer's few collectives.
+        self.comm = library_comm(comm)
+        self.rank, self.ranks = self.comm.myrank, self.comm.nranks
         S, V, M = settings.stages, settings.virtual_stages, settings.micro_batches
         D = self.replicas = self.ranks // S
         batch = data.shard_batch(len(self.data.y_train), D, config.batch_size)
@@ -103,13 +105,9 @@ class PipelineTrainer:
         self.grid = Grid(S, D, placement)
         self.stage, self.replica = self.grid.position(self.rank)
         self.virtual = schedules.stage_of_rank(self.stage, S, V)
-        try:
-            self._check_boundaries()
-        except PipelineError:
-            self.comm.Free()
-            raise
-        self.pipe_comm = self.comm.Split(color=self.replica, key=self.stage)
-        self.replica_comm = self.comm.Split(color=self.stage, key=self.replica)
+        self._check_boundaries()
+        #: This rank's stage's replicas (the gradient's allreduce), made once per grid and communicator.
+        self.replica_comm = self.comm.attach(GridComms, GridComms).replicas(self.comm, self.grid)
         self.my_layers = [layer for k in self.virtual for layer in range(*self.bounds[k])]
         shapes = [shape for layer in self.my_layers for shape in self.model.shapes[2 * layer:2 * layer + 2]]
         self.flat = FlatParameters(shapes, dtype=self.model.dtype)
@@ -131,7 +129,8 @@ class PipelineTrainer:
         # The schedule with these stages' costs (multiply-adds; backward twice the forward): also
         # the proof that it cannot hang.
         self.simulated = schedules.simulate(self.actions, 1.0, 2.0, stage_costs={k: w / mean for k, w in enumerate(work)})
-        self.runtime = Runtime(self.pipe_comm, self.actions[self.stage], self.layers, S * V, M, self.model.dtype)
+        self.runtime = Runtime(self.comm, self.grid.pipeline(self.replica), self.actions[self.stage], self.layers,
+                               S * V, M, self.model.dtype)
         self.optimizer = make_optimizer(config.optimizer, self.params.size, self.model.dtype, config.momentum,
                                         config.weight_decay)
         self.plan = Plan(len(self.data.y_train), D, self.replica, batch, 1, config.seed)
@@ -281,12 +280,12 @@ class PipelineTrainer:
                 "ranks": [{"rank": r, "stage": st, "idle_share": i, "peak_live": p} for r, (st, i, p) in enumerate(rows)]}
 
     def results(self) -> Dict[str, Any]:
-        digests = self.comm.allgather((self.stage, digest(self.params)))
-        identical = all(d == next(e for st, e in digests if st == s) for s, d in digests)
+        gathered = self.comm.allgather((self.stage, digest(self.params), self.times / max(self.step, 1), self.sent))
+        identical = all(d == next(e for st, e, _, _ in gathered if st == s) for s, d, _, _ in gathered)
+        times = [t for _, _, t, _ in gathered]
         full = self.full_parameters()
         samples = sum(e["samples"] for e in self.history)
         seconds = sum(e["seconds"] for e in self.history)
-        times = self.comm.allgather(self.times / max(self.step, 1))
         return {"ranks": self.ranks, "steps": self.step, "epochs": self.history,
                 "test_accuracy": self.history[-1]["test_accuracy"] if self.history else 0.0,
                 "samples_per_second": samples / seconds if seconds > 0 else 0.0,
@@ -296,10 +295,27 @@ class PipelineTrainer:
                 "step_ms": {"pipeline_p50": 1e3 * float(np.median([t[0] for t in times])),
                             "allreduce_p50": 1e3 * float(np.median([t[1] for t in times])),
                             "update_p50": 1e3 * float(np.median([t[2] for t in times]))},
-                "bytes_sent_per_step": self.comm.allreduce(self.sent) / self.ranks / max(self.step, 1)}
+                "allreduce_bytes_sent_per_step": sum(s for *_, s in gathered) / self.ranks / max(self.step, 1)}
 
     def close(self) -> None:
-        """Free the trainer's communicators (collective)."""
-        for c in (self.pipe_comm, self.replica_comm, self.comm):
-            if c != MPI.COMM_NULL:
-                c.Free()
+        """Nothing to free: the replicas' communicator lives as long as the caller's (``GridComms``)."""
+
+
+class GridComms:
+    """The replicas' communicators of the grids used on one library communicator, made once each
+    (collective then) and freed with it."""
+
+    def __init__(self, lib: Any):
+        self.made: Dict[Grid, MPI.Intracomm] = {}
+
+    def replicas(self, lib: Any, grid: Grid) -> MPI.Intracomm:
+        """The ranks of ``lib`` holding this rank's stage of ``grid``, in replica order."""
+        if grid not in self.made:
+            stage, replica = grid.position(lib.myrank)
+            self.made[grid] = MPI.Intracomm(lib).Split(color=stage, key=replica)   # a plain communicator
+        return self.made[grid]
+
+    def free(self) -> None:
+        for made in self.made.values():
+            made.Free()
+        self.made.clear()
