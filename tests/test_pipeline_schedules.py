@@ -84,6 +84,9 @@ def check_interleaved(S, M, V):
     assert max(inter.idle_share) < min(plain.idle_share)
     # Megatron-LM's figure: the bubble is (S-1)/V of a stage's forward and backward per micro-batch
     assert inter.makespan == pytest.approx(plain.makespan - (S - 1) * 3 * (1 - 1 / V))
+    for r in range(S):
+        assert inter.idle_share[r] == pytest.approx((S - 1) / (V * M + S - 1))
+        assert inter.peak_live[r] == min(2 * (S - r - 1) + (V - 1) * S + 1, V * M)
 
 
 def test_interleaved_with_one_virtual_stage_is_1f1b():
