@@ -18,16 +18,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from .schedules import Action, rank_of_stage
+from .schedules import Action, rank_of_stage, tag_of
 from .stage import StageLayers, softmax_loss
 
 __all__ = ["Runtime", "StepStats", "tag_of"]
-
-
-def tag_of(kind: str, mb: int, stage: int, stages: int) -> int:
-    """The tag of the message micro-batch ``mb`` brings to virtual ``stage`` (of ``stages``): an
-    activation (``kind`` "F") or an input gradient ("B")."""
-    return (mb * stages + stage) * 2 + (kind == "B")
 
 
 class StepStats:

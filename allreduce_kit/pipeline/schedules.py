@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 __all__ = ["Action", "Forward", "Backward", "SCHEDULES", "build", "simulate", "Timeline", "DeadlockError",
-           "stage_of_rank", "rank_of_stage", "gpipe_idle_share", "format_timeline"]
+           "stage_of_rank", "rank_of_stage", "gpipe_idle_share", "format_timeline", "tag_of"]
 
 #: The ``--schedule`` choices.
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -48,6 +48,12 @@ def Forward(mb: int, stage: int) -> Action:
 
 def Backward(mb: int, stage: int) -> Action:
     return Action("B", mb, stage)
+
+
+def tag_of(kind: str, mb: int, stage: int, stages: int) -> int:
+    """The tag of the message micro-batch ``mb`` brings to virtual ``stage`` (of ``stages``): an
+    activation (``kind`` "F") or an input gradient ("B")."""
+    return (mb * stages + stage) * 2 + (kind == "B")
 
 
 class DeadlockError(ValueError):
