@@ -38,7 +38,7 @@ REFUSED = [
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pipeline_cli")
     good = QUICK + ["--hidden", "16,8", "--pipeline", "2", "--micro-batches", "4", "--schedule", "1f1b",
-                    "--json", str(tmp / "run.json")]
+                    "--straggler", "1:1", "--json", str(tmp / "run.json")]
     (tmp / "cases.json").write_text(json.dumps([good] + [QUICK + argv for argv, _ in REFUSED]))
     result = run_mpi(2, [TESTS / "bad_options_driver.py", tmp / "cases.json", tmp / "out.json"], timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -58,6 +58,7 @@ def test_a_pipeline_run_trains_and_reports_idle_share_and_peak_live_per_stage(ru
     assert pipe["peak_live"] == [2, 1] == pipe["simulated_peak_live"]
     assert len(pipe["idle_share"]) == 2 and all(0 <= x < 1 for x in pipe["idle_share"])
     assert payload["steps"] == 2 and payload["replicas_identical"]
+    assert pipe["straggler_stage"] == 1 and "the straggler holds stage 1" in out
     assert payload["config"]["pipeline"] == 2
 
 

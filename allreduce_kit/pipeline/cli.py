@@ -138,8 +138,7 @@ def main(args: Any, config: Any, threads: int, yield_note: str, comm: Any, parse
         say(f"{k:>5}  {100 * pipe['idle_share'][k]:9.1f}%  {100 * pipe['simulated_idle_share'][k]:8.1f}%  "
             f"{pipe['peak_live'][k]:>9}  {pipe['simulated_peak_live'][k]:>9}")
     if config.straggler:
-        slow = trainer.grid.position(config.straggler[0])[0]
-        say(f"the straggler holds stage {slow}: the whole pipeline waits on it (the other stages' idle share grows)")
+        say(f"the straggler holds stage {pipe['straggler_stage']}: the whole pipeline waits on it (the other stages' idle share grows)")
     shared = build_summary("sync", trainer.ranks, trainer.ranks, result["epochs"], result["updates_applied"],
                            wall_seconds=time.perf_counter() - started)
     say(summary_lines(shared))

@@ -277,6 +277,7 @@ class PipelineTrainer:
                 "layers_per_stage": [[a, b] for a, b in self.bounds],
                 "idle_share": idle, "peak_live": peak,
                 "simulated_idle_share": self.simulated.idle_share, "simulated_peak_live": self.simulated.peak_live,
+                "straggler_stage": self.grid.position(self.config.straggler[0])[0] if self.config.straggler else None,
                 "ranks": [{"rank": r, "stage": st, "idle_share": i, "peak_live": p} for r, (st, i, p) in enumerate(rows)]}
 
     def results(self) -> Dict[str, Any]:
