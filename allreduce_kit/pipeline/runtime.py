@@ -4,9 +4,10 @@ Activations go forward and input gradients backward between the ranks that hold 
 virtual stages, by nonblocking point-to-point calls on the library's clone of the pipeline's
 communicator (``comm.library_comm``), so they never match a message of the user's. Every
 message's tag names its micro-batch, the virtual stage that receives it and its direction, so
-no two messages of a step can be confused, whatever order they arrive in. A step posts all its
-receives first, runs its actions in order (waiting only for an input that has not arrived),
-and returns once its sends are complete: nothing is in flight between steps.
+no two messages of a step can be confused, whatever order they arrive in. A step runs its actions
+in order, each receive posted a few actions ahead (``LOOKAHEAD``) so that an input can arrive while
+the rank computes, waits only for an input that has not arrived, and returns once its sends are
+complete: nothing is in flight between steps.
 
 The runtime counts, per step, the time it waited for inputs (``idle``: the bubble as this rank
 saw it), the step's span, and the most micro-batches whose activations it held at once
@@ -21,7 +22,10 @@ from mpi4py import MPI
 from .schedules import Action, rank_of_stage, tag_of
 from .stage import StageLayers, softmax_loss
 
-__all__ = ["Runtime", "StepStats", "tag_of"]
+__all__ = ["Runtime", "StepStats", "tag_of", "LOOKAHEAD"]
+
+#: How many actions ahead of the one running a rank posts its receives.
+LOOKAHEAD = 4
 
 
 class StepStats:
@@ -74,20 +78,28 @@ class Runtime:
         last = self.total_stages - 1
         start = time.perf_counter()
         recvs: Dict[Tuple[str, int, int], Tuple[MPI.Request, np.ndarray]] = {}
-        for a in self.actions:                       # post every receive of the step first
+
+        def post(a: Action) -> None:
             if a.kind == "F" and a.stage > 0:
                 width, source = self.layers[a.stage].in_width, self._rank(a.stage - 1)
             elif a.kind == "B" and a.stage < last:
                 width, source = self.layers[a.stage].out_width, self._rank(a.stage + 1)
             else:
-                continue
+                return
             buf = np.empty((rows[a.mb], width), dtype=self.dtype)
             recvs[a] = (self.comm.Irecv(buf, source, tag_of(a.kind, a.mb, a.stage, self.total_stages)), buf)
+
         sends: List[MPI.Request] = []
         held: List[np.ndarray] = []                  # send buffers, alive until their sends complete
         deltas: Dict[int, np.ndarray] = {}
         idle, live, peak, loss, correct = 0.0, 0, 0, 0.0, 0
-        for a in self.actions:
+        posted = 0
+        for i, a in enumerate(self.actions):
+            # Receives are posted LOOKAHEAD actions ahead: an input can arrive while the rank computes,
+            # and the receive buffers stay few (not one per micro-batch).
+            while posted < len(self.actions) and posted <= i + LOOKAHEAD:
+                post(self.actions[posted])
+                posted += 1
             stage = self.layers[a.stage]
             if a in recvs:
                 request, data = recvs.pop(a)
