@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 from allreduce_kit.pipeline import schedules as sc
-from allreduce_kit.pipeline.grid import Grid, choose_placement
+from allreduce_kit.pipeline.grid import Grid, choose_placement, cross_node_bytes
 from allreduce_kit.pipeline.stage import balanced_split, check_split, layer_costs, stage_layers
 
 CASES = [(name, S, M, V) for name, V in (("gpipe", 1), ("1f1b", 1), ("interleaved", 1), ("interleaved", 2),
@@ -140,6 +140,20 @@ def test_grid_placements_are_inverse_and_keep_their_neighbours_together():
     assert choose_placement(2, 4, gradient_bytes=1e3, activation_bytes=1e6) == "replica-major"
     with pytest.raises(ValueError, match="placement"):
         Grid(2, 2, "diagonal")
+
+
+def test_auto_placement_sends_fewer_bytes_between_nodes():
+    """2 nodes x 4 ranks, 2 stages x 4 replicas: stage-major puts a stage on each node (only the
+    activations cross), replica-major a whole pipeline on a node (every stage's allreduce crosses)."""
+    two_nodes = [0, 0, 0, 0, 1, 1, 1, 1]
+    stage_major, replica_major = Grid(2, 4, "stage-major"), Grid(2, 4, "replica-major")
+    assert cross_node_bytes(stage_major, two_nodes, 100e6, 1e6) == 4 * 2 * 1e6
+    assert cross_node_bytes(replica_major, two_nodes, 100e6, 1e6) == 2 * 2 * 100e6 * 3 / 4
+    assert choose_placement(2, 4, 100e6, 1e6, two_nodes) == "stage-major"
+    # activations heavier than the gradient: a pipeline per node, only the allreduces cross
+    assert choose_placement(2, 4, 1e3, 1e6, two_nodes) == "replica-major"
+    # one node: nothing crosses; the heavier traffic between neighbours
+    assert choose_placement(2, 4, 100e6, 1e6, [0] * 8) == "stage-major"
 
 
 def test_balanced_split_minimises_the_largest_stage():

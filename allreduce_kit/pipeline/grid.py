@@ -8,14 +8,15 @@ Every rank is one stage position of one replica. Two placements of the grid on t
 - ``replica-major``: rank = replica x S + stage. A replica's stages are neighbours: the
   activations stay inside a node, the gradient allreduce crosses.
 
-``choose_placement`` keeps the heavier traffic inside a node: a stage's gradient allreduce sends
-about 2 (D-1)/D of the stage's gradient bytes per step, a stage boundary about two activations
-of the local batch (forward and backward).
+``choose_placement`` (``--placement auto``) takes the placement that sends fewer bytes between
+nodes (the nodes from ``topology.py``): a stage's gradient allreduce sends about 2 (D-1)/D of the
+stage's gradient bytes per step, a stage boundary two activations of the local batch (forward and
+backward). On one node it keeps the heavier traffic between neighbouring ranks.
 """
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import List, Optional, Sequence, Tuple
 
-__all__ = ["Grid", "PLACEMENTS", "choose_placement"]
+__all__ = ["Grid", "PLACEMENTS", "choose_placement", "cross_node_bytes"]
 
 #: The ``--placement`` choices ("auto": ``choose_placement``).
 PLACEMENTS = ("auto", "stage-major", "replica-major")
@@ -62,12 +63,35 @@ class Grid:
         return [self.rank(stage, d) for d in range(self.replicas)]
 
 
-def choose_placement(stages: int, replicas: int, gradient_bytes: float, activation_bytes: float) -> str:
-    """``stage-major`` if a stage's gradient allreduce sends more per step than its boundary's
-    activations and their gradients (so the replicas of a stage share a node), else ``replica-major``.
+def cross_node_bytes(grid: Grid, node_of: Sequence[int], gradient_bytes: float, activation_bytes: float) -> float:
+    """Bytes per step that cross between nodes on ``grid``: each stage's allreduce whose replicas
+    are on more than one node (``2 (D-1)/D x gradient_bytes``) and each boundary whose two stages
+    are on different nodes (``2 x activation_bytes``, forward and backward), per replica."""
+    total = 0.0
+    D = grid.replicas
+    for s in range(grid.stages):
+        if len({node_of[r] for r in grid.replicas_of(s)}) > 1:
+            total += 2.0 * gradient_bytes * (D - 1) / D
+    for d in range(grid.replicas):
+        ranks = grid.pipeline(d)
+        total += sum(2.0 * activation_bytes for a, b in zip(ranks[:-1], ranks[1:]) if node_of[a] != node_of[b])
+    return total
+
+
+def choose_placement(stages: int, replicas: int, gradient_bytes: float, activation_bytes: float,
+                     node_of: Optional[Sequence[int]] = None) -> str:
+    """The placement that sends fewer bytes between nodes, given each rank's node ``node_of``
+    (``topology.Topology.node_of``); where both send as many (one node, or no ``node_of``):
+    ``stage-major`` if a stage's gradient allreduce sends more per step than its boundary's
+    activations and their gradients (so the replicas of a stage are neighbours), else ``replica-major``.
 
     ``gradient_bytes``: the largest stage's gradient; ``activation_bytes``: the largest boundary's
     activations of one local batch."""
+    if node_of is not None and len(set(node_of)) > 1:
+        cost = {p: cross_node_bytes(Grid(stages, replicas, p), node_of, gradient_bytes, activation_bytes)
+                for p in PLACEMENTS[1:]}
+        if cost["stage-major"] != cost["replica-major"]:
+            return min(cost, key=cost.get)
     if replicas == 1:
         return "replica-major"      # no allreduce: a pipeline's ranks next to each other
     if stages == 1:

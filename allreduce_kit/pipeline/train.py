@@ -100,7 +100,7 @@ class PipelineTrainer:
         if placement == "auto":
             grad = max(self.model.offsets[2 * b] - self.model.offsets[2 * a] for a, b in self.bounds) * itemsize
             act = max((self.model.widths[a] for a, _ in self.bounds[1:]), default=0) * batch * itemsize
-            placement = choose_placement(S, D, grad, act)
+            placement = choose_placement(S, D, grad, act, self.comm.layout.node_of)
         self.settings = PipelineSettings(S, M, settings.schedule, V, tuple(split), placement)
         self.grid = Grid(S, D, placement)
         self.stage, self.replica = self.grid.position(self.rank)
