@@ -95,6 +95,20 @@ def test_interleaved_with_one_virtual_stage_is_1f1b():
             assert sc.build(S, M, "interleaved", 1) == sc.build(S, M, "1f1b"), (S, M)
 
 
+def test_every_message_of_a_step_has_its_own_tag_above_the_collectives_tags():
+    import importlib
+    import pkgutil
+
+    import allreduce_kit.algorithms as algorithms
+    for S, M, V in ((2, 8, 1), (4, 16, 2), (8, 64, 3)):
+        T = S * V
+        tags = [sc.tag_of(kind, mb, k, T) for kind in "FB" for mb in range(M) for k in range(T)]
+        assert len(set(tags)) == len(tags)
+    collectives = [getattr(importlib.import_module(info.name), "TAG", None)
+                   for info in pkgutil.walk_packages(algorithms.__path__, algorithms.__name__ + ".")]
+    assert max(tag for tag in collectives if isinstance(tag, int)) < sc.tag_of("F", 0, 0, 1)
+
+
 def test_a_list_that_waits_on_itself_is_reported_as_a_deadlock():
     lists = sc.build(2, 2, "1f1b")
     lists[1] = [sc.Backward(0, 1), *[a for a in lists[1] if a != sc.Backward(0, 1)]]

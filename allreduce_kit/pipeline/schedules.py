@@ -50,10 +50,15 @@ def Backward(mb: int, stage: int) -> Action:
     return Action("B", mb, stage)
 
 
+#: The pipeline's tags start here, above every tag of the library's collectives (``algorithms/``,
+#: 101 to 214), so that a pipeline message is never taken for a collective's on the same communicator.
+TAG_BASE = 1000
+
+
 def tag_of(kind: str, mb: int, stage: int, stages: int) -> int:
     """The tag of the message micro-batch ``mb`` brings to virtual ``stage`` (of ``stages``): an
     activation (``kind`` "F") or an input gradient ("B")."""
-    return (mb * stages + stage) * 2 + (kind == "B")
+    return TAG_BASE + (mb * stages + stage) * 2 + (kind == "B")
 
 
 class DeadlockError(ValueError):
