@@ -37,6 +37,7 @@ from ..cli import RankZeroParser, is_root, outputs_problem, plural, say, write_j
 from ..launch import check_launch
 from ..threads import limit_threads
 from . import checkpoint, elastic, injob, modes, report, resize, sharding
+from ..pipeline import cli as pipeline_cli            # --pipeline S: model parallelism (docs/pipeline.md)
 from ..memory import available_bytes
 from .trainer import Config, NonFiniteError, ResumeError, Trainer
 from .signals import STOPPED_STATUS, StopSignals, Stopped
@@ -158,6 +159,7 @@ def build_parser() -> RankZeroParser:
     async_main.add_arguments(p, _at_least)             # --mode, --servers, --max-staleness, ...
     elastic.add_arguments(p)                           # --elastic, -n, --min-ranks, --mpiexec
     sharding.add_arguments(p)                          # --zero, --optimizer
+    pipeline_cli.add_arguments(p, _at_least)           # --pipeline, --micro-batches, --schedule, ...
     return p
 
 
@@ -309,7 +311,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     comm = MPI.COMM_WORLD
     given = given_options(parser, args, argv)
     per_node = sharding.ranks_per_node(comm)
-    problem = comm.bcast(settings_problem() or async_main.other_mode_problem(args, given)
+    problem = comm.bcast(settings_problem() or pipeline_cli.problems(args, comm.Get_size(), given)
+                         or async_main.other_mode_problem(args, given)
                          or modes.problems(args, comm.Get_size(), given)
                          or sharding.problems(args, comm.Get_size(), given, per_node, available_bytes())
                          or _problems(args, comm.Get_size()) or _reliability_problems(args, comm.Get_size())
@@ -322,6 +325,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     startup.numba_without_scipy()                      # before the first compiled call
     startup.one_rank_compiles()
     config = config_from(args)
+    if args.pipeline is not None:                      # stages x replicas (pipeline/cli.py)
+        return pipeline_cli.main(args, config, threads, _yield_note(), comm, parser, STARTED)
     if args.mode == "async-ps":                        # the parameter-server run
         return async_main.main(args, config, threads, _yield_note(), comm, parser, STARTED)
     recovery = injob.Recovery(comm, config, args.min_ranks, args.checkpoint_every) if args.elastic else None

@@ -1,0 +1,89 @@
+"""Inside an MPI job: ``allreduce_kit.torch.pipelining`` trains what one process trains.
+
+A 64-32-...-10 ``nn.Sequential`` cut into P stages (``ScheduleGPipe``, ``Schedule1F1B``) or 2P
+(``ScheduleInterleaved1F1B``), 4 micro-batches (2P interleaved), float64: after two SGD steps every rank's stage
+holds the parameters of the same layers of the whole model trained in one process on the whole
+batch (allclose 1e-10), and the last stage returns the outputs and the micro-batches' losses.
+At 2 and 3 ranks (suite time)."""
+import copy
+
+import pytest
+from mpi4py import MPI
+
+torch = pytest.importorskip("torch")
+
+from allreduce_kit.torch.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,  # noqa: E402
+                                            ScheduleInterleaved1F1B)
+
+P, RANK = MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank()
+
+
+def whole_model(parts: int) -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    layers = []
+    widths = [64] + [32 - 2 * i for i in range(parts - 1)] + [10]
+    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+        layers += [torch.nn.Linear(a, b)] + ([torch.nn.ReLU()] if i < parts - 1 else [])
+    return torch.nn.Sequential(*layers).double()
+
+
+def part(model: torch.nn.Sequential, index: int, parts: int) -> torch.nn.Sequential:
+    """Layer ``index`` (with its ReLU) of the model of ``parts`` linear layers."""
+    return torch.nn.Sequential(*list(model)[2 * index:min(2 * index + 2, 2 * parts - 1)])
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(P not in (2, 3), reason="at 2 and 3 ranks")
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b", "interleaved"])
+def test_a_pipeline_of_stages_trains_what_one_process_trains(comm, kind):
+    V = 2 if kind == "interleaved" else 1
+    parts, M, steps = P * V, 2 * P if kind == "interleaved" else 4, 2
+    model = whole_model(parts)
+    reference = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(16, 64, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 10, (16,), generator=g)
+    loss_fn = torch.nn.functional.cross_entropy
+    mine = [part(model, RANK + j * P, parts) for j in range(V)]
+    stages = [PipelineStage(m, RANK + j * P, parts, group=comm) for j, m in enumerate(mine)]
+    schedule = {"gpipe": lambda: ScheduleGPipe(stages[0], M, loss_fn=loss_fn),
+                "1f1b": lambda: Schedule1F1B(stages[0], M, loss_fn=loss_fn),
+                "interleaved": lambda: ScheduleInterleaved1F1B(stages, M, loss_fn=loss_fn)}[kind]()
+    params = [p for m in mine for p in m.parameters()]
+    opt = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(steps):
+        opt.zero_grad()
+        losses = []
+        out = schedule.step(X if RANK == 0 else None, target=y if parts - 1 in schedule.stages else None,
+                            losses=losses)
+        opt.step()
+        ref_opt.zero_grad()
+        want = reference(X)
+        chunks = [loss_fn(o, t) for o, t in zip(torch.tensor_split(want, M), torch.tensor_split(y, M))]
+        (sum(chunks) / M).backward()
+        if parts - 1 in schedule.stages:
+            assert torch.allclose(out, want.detach(), rtol=1e-10, atol=1e-12)
+            assert torch.allclose(torch.stack(losses), torch.stack(chunks).detach(), rtol=1e-10)
+        else:
+            assert out is None and losses == []
+        ref_opt.step()
+    for j, m in enumerate(mine):
+        for got, expected in zip(m.parameters(), part(reference, RANK + j * P, parts).parameters()):
+            assert torch.allclose(got, expected, rtol=1e-10, atol=1e-12), (kind, RANK + j * P)
+    assert not schedule.lib.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(P not in (2, 3), reason="at 2 and 3 ranks")
+def test_a_stage_on_the_wrong_rank_is_refused_before_any_message(comm):
+    with pytest.raises(ValueError, match=f"stage {(RANK + 1) % P} runs on rank {(RANK + 1) % P}"):
+        PipelineStage(torch.nn.Linear(2, 2), (RANK + 1) % P, P, group=comm)
+    stage = PipelineStage(torch.nn.Linear(2, 2), RANK, P, group=comm)
+    with pytest.raises(ValueError, match="loss_fn is needed"):
+        Schedule1F1B(stage, 2)
+    with pytest.raises(ValueError, match="one stage per rank"):
+        Schedule1F1B(PipelineStage(torch.nn.Linear(2, 2), RANK, 2 * P, group=comm), 2, loss_fn=sum)
+    with pytest.raises(ValueError, match="ScheduleInterleaved1F1B: the interleaved schedule takes micro-batches"):
+        ScheduleInterleaved1F1B([PipelineStage(torch.nn.Linear(2, 2), RANK + j * P, 2 * P, group=comm)
+                                 for j in range(2)], P + 1, loss_fn=sum)
