@@ -98,6 +98,11 @@ def tracing() -> bool:
     return _SESSION[0] is not None
 
 
+def current_path() -> Optional[str]:
+    """The path this process is tracing into, or ``None``."""
+    return None if _SESSION[0] is None else _SESSION[0].path
+
+
 def finish() -> Optional[int]:
     """Stop tracing (collective over the ``start``'s communicator): rank 0 writes the file and
     returns its size in bytes; other ranks return ``None``, as does a process not tracing."""
