@@ -56,9 +56,10 @@ def test_a_recorded_collective_is_named_with_its_bytes_op_and_algorithm():
         calls.append(rec.records_here())                      # the call it wraps is not recorded again
         return buf
 
-    assert rec.collective(allreduce, buf, (), {"op": "mean", "algorithm": "ring"}) is buf
+    assert rec.collective(allreduce, buf, (), {"op": "mean", "algorithm": "ring", "comm": None}) is buf
     assert calls == [False] and rec.records_here()
     (name, category, _, start, end, args), = rec.events
+    args = recorder.described(args)
     assert (name, category) == ("allreduce", "collective") and end >= start
     assert args["bytes"] == 80 and args["op"] == "mean" and args["algorithm"] == "ring"
 
@@ -147,3 +148,16 @@ def test_summary_of_a_file_that_is_not_a_trace_exits_2_with_one_message(tmp_path
         trace_main(["summary", str(path)])
     assert exited.value.code == 2
     assert capsys.readouterr().err.count("is not a trace file") == 1
+
+
+def test_a_rank_that_records_many_events_warns_once_naming_the_window(monkeypatch, capsys):
+    monkeypatch.setattr(recorder, "WARN_EVENTS", 5)
+    rec = recorder.Recorder()
+    try:
+        for step in range(8):
+            rec.begin(step)
+            rec.step(step, 1.0, 2.0, (("forward_backward", 1.0, 1.5),))
+    finally:
+        recorder.ACTIVE[0] = None
+    err = capsys.readouterr().err
+    assert err.count("allreduce_kit.trace: this rank has recorded") == 1 and "--trace-steps A:B" in err

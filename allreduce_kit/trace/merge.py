@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .clock import Alignment
+from .recorder import described
 
 #: ``tid`` of a rank's main thread; other threads (the progress thread that runs nonblocking
 #: calls) are numbered from 2 in the order they first recorded.
@@ -42,7 +43,7 @@ def rank_events(rank: int, host: str, events: Sequence[tuple], threads: Dict[int
         event = {"ph": "X", "name": name, "cat": category, "pid": rank, "tid": tids.get(ident, MAIN_TID),
                  "ts": ts, "dur": round(max(end - ts, 0.0), 3)}
         if args:
-            event["args"] = args
+            event["args"] = described(args)
         converted.append(event)
     # enclosing events first where two start together, so that viewers nest them
     converted.sort(key=lambda e: (e["tid"], e["ts"], -e["dur"]))

@@ -21,7 +21,8 @@ CURRENT: list = [None]
 #: in the file): ``--trace-steps`` bounds it.
 WARN_EVENTS = 500_000
 
-Event = Tuple[str, str, int, int, int, Optional[Dict[str, Any]]]
+Event = Tuple[str, str, int, int, int, Any]
+_ident = threading.get_ident
 
 
 class Recorder:
@@ -38,12 +39,14 @@ class Recorder:
         #: thread ident -> its name, for the thread tracks
         self.threads: Dict[int, str] = {threading.get_ident(): "main"}
         self.warned = False
+        from mpi4py import MPI
+        self.world_size = MPI.COMM_WORLD.Get_size()
 
     # -- recording ---------------------------------------------------------------------------
     def span(self, name: str, category: str, start_ns: int, end_ns: int,
              args: Optional[Dict[str, Any]] = None) -> None:
         """An event on the calling thread from ``start_ns`` to ``end_ns`` (this rank's clock)."""
-        ident = threading.get_ident()
+        ident = _ident()
         if ident not in self.threads:
             self.threads[ident] = threading.current_thread().name
         self.events.append((name, category, ident, start_ns, end_ns, args))
@@ -56,26 +59,36 @@ class Recorder:
     def records_here(self) -> bool:
         """Whether a collective called now on this thread is recorded: not one that a recorded
         call makes inside itself (``collective`` runs the library's function again)."""
-        return threading.get_ident() not in self.busy
+        return _ident() not in self.busy
 
     def collective(self, fn: Callable[..., Any], buf: Any, args: tuple, kwargs: Dict[str, Any]) -> Any:
         """Run ``fn(buf, *args, **kwargs)`` (a library collective; its hook sees this thread
         busy and runs the call itself) and record it with its algorithm, bytes, op and
-        communicator size."""
-        ident = threading.get_ident()
-        self.busy.add(ident)
+        communicator size (kept as a tuple here, made an ``args`` object by ``described``)."""
+        ident = _ident()
+        busy = self.busy
+        busy.add(ident)
         start = self.clock()
         try:
             return fn(buf, *args, **kwargs)
         finally:
             end = self.clock()
-            self.busy.discard(ident)
-            self.span(fn.__name__, "collective", start, end, _described(fn.__name__, buf, args, kwargs))
+            busy.discard(ident)
+            if ident not in self.threads:
+                self.threads[ident] = threading.current_thread().name
+            comm = kwargs["comm"]
+            try:
+                size = self.world_size if comm is None else comm.Get_size()
+            except Exception:  # noqa: BLE001 - not a communicator: the call itself said what is wrong
+                size = None
+            self.events.append((fn.__name__, "collective", ident, start, end,
+                                (buf.nbytes if isinstance(buf, np.ndarray) else None, size, kwargs.get("op"),
+                                 kwargs["algorithm"], args[0] if fn.__name__ == "broadcast" else None)))
 
     def planned(self, plan: Any, buf: Any, comm: Any) -> Any:
         """Run the persistent allreduce ``plan`` (``allreduce_kit.plan``; the trainer's
         gradient buckets) and record it as an ``allreduce`` with the algorithm it runs."""
-        ident = threading.get_ident()
+        ident = _ident()
         self.busy.add(ident)
         start = self.clock()
         try:
@@ -111,23 +124,15 @@ class Recorder:
                         {"step": step})
 
 
-def _described(name: str, buf: Any, args: tuple, kwargs: Dict[str, Any]) -> Dict[str, Any]:
-    """What a collective event says of its call."""
-    comm = kwargs.get("comm")
-    try:
-        size = comm.Get_size() if comm is not None else _world_size()
-    except Exception:  # noqa: BLE001 - a bad comm: the call itself says what is wrong
-        size = None
-    described = {"algorithm": kwargs.get("algorithm", "auto"), "bytes": int(buf.nbytes) if isinstance(buf, np.ndarray) else None,
-                 "comm_size": size}
-    if name in ("allreduce", "reduce_scatter"):
-        op = kwargs.get("op", "sum")
-        described["op"] = op if isinstance(op, str) else str(op)
-    if name == "broadcast":
-        described["root"] = args[0] if args else kwargs.get("root", 0)
-    return described
-
-
-def _world_size() -> int:
-    from mpi4py import MPI
-    return MPI.COMM_WORLD.Get_size()
+def described(args: Any) -> Optional[Dict[str, Any]]:
+    """An event's ``args`` object: as recorded, or made from a collective's tuple
+    ``(bytes, communicator size, op, algorithm, root)``."""
+    if not isinstance(args, tuple):
+        return args
+    nbytes, size, op, algorithm, root = args
+    out: Dict[str, Any] = {"algorithm": algorithm, "bytes": nbytes, "comm_size": size}
+    if op is not None:
+        out["op"] = op if isinstance(op, str) else str(op)
+    if root is not None:
+        out["root"] = root
+    return out
