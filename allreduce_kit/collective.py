@@ -13,6 +13,7 @@ from .comm import _world, library_comm
 from .progress import IN_FLIGHT, wait_turn
 from .reduction import OPS
 from .stall import INSPECTOR, allreduce_description
+from .trace.recorder import ACTIVE as _TRACING
 
 _DTYPES = frozenset(kernels.DTYPES)
 _COMM_WORLD = MPI.COMM_WORLD
@@ -205,6 +206,9 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
     While nonblocking calls (``iallreduce``, ...) are in flight, it first waits for them to
     finish (``progress``): collectives reach a communicator in the order the program made them.
     """
+    if _TRACING[0] is not None and _TRACING[0].records_here():  # tracing (allreduce_kit/trace): recorded
+        return _TRACING[0].collective(allreduce, buf, (), dict(op=op, algorithm=algorithm, comm=comm, check=check,
+                                                          stall_timeout=stall_timeout))
     if IN_FLIGHT[0]:
         wait_turn()
     if check is None and stall_timeout is None and (comm is None or comm is _COMM_WORLD):

@@ -127,6 +127,10 @@ def library_comm(comm: Optional[MPI.Intracomm] = None) -> LibraryComm:
             lib = _clone_of(MPI.COMM_WORLD)
             if not _world:
                 _world.append(lib)
+                traced = config.read(config.TRACE)
+                if traced:                           # ALLREDUCE_KIT_TRACE: collective, as this first call is
+                    from .trace.session import from_environment
+                    from_environment(traced)
         return _world[0]
     return _clone_of(comm)
 

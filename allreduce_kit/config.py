@@ -116,10 +116,14 @@ ELASTIC_TIMEOUT = Setting("ALLREDUCE_KIT_ELASTIC_TIMEOUT", seconds, 10.0,
                           "one every tenth of this) after which a rank on another host is taken for dead, and a "
                           "host whose ranks are all dead for a dead node; 0: only the ranks on the "
                           "supervisor's host are watched")
+TRACE = Setting("ALLREDUCE_KIT_TRACE", text, "",
+                "a path: trace the program from its first library call on COMM_WORLD until it exits, every "
+                "rank's collectives on rank 0's clock in one Chrome trace file that rank 0 writes "
+                "(docs/trace.md); unset: not traced (the train and bench CLIs: --trace)")
 
 #: Every setting, in the order of the docs' table.
 SETTINGS: Tuple[Setting, ...] = (STALL_TIMEOUT, CHECK, TUNING, ONLINE_TUNING, DIRECT, YIELD, WAIT,
-                                 ABORT_ON_ERROR, ELASTIC_DIR, ELASTIC_TIMEOUT)
+                                 ABORT_ON_ERROR, ELASTIC_DIR, ELASTIC_TIMEOUT, TRACE)
 
 def read(setting: Setting, environ: Optional[Mapping[str, str]] = None) -> Any:
     """The setting's value from ``environ`` (default ``os.environ``), or its default if unset.

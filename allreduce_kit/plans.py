@@ -35,6 +35,7 @@ from .collective import _agree, array_of, validate
 from .comm import library_comm
 from .progress import IN_FLIGHT, wait_turn
 from .stall import INSPECTOR, allreduce_description
+from .trace.recorder import ACTIVE as _TRACING
 
 __all__ = ["Plan", "plan"]
 
@@ -131,6 +132,8 @@ class Plan:
     def __call__(self, buf: Optional[np.ndarray] = None, *, comm: Optional[MPI.Intracomm] = None) -> np.ndarray:
         """Reduce the plan's buffer in place and return it (collective). ``buf`` and ``comm``, if
         given, must be the plan's own: another raises ``ValueError`` before anything is sent."""
+        if _TRACING[0] is not None and _TRACING[0].records_here():  # tracing (allreduce_kit/trace): recorded
+            return _TRACING[0].planned(self, buf, comm)
         if IN_FLIGHT[0]:
             wait_turn()  # after the nonblocking calls started before it (``progress``)
         if buf is not None or comm is not None:

@@ -205,6 +205,8 @@ def test_every_output_path_is_checked_before_measuring(tmp_path):
         (["--tune", str(afile)], f"argument --tune: {afile} is there and is not a tuning file to add to"),
         (["--tune", str(afile / "t.json")], f"argument --tune: cannot write {afile / 't.json'}: {afile} is not a directory"),
         (["--fit", str(afile), "--json", str(folder)], f"argument --json: {folder} is a directory"),
+        (["--trace", str(folder)], f"argument --trace: {folder} is a directory"),
+        (["--trace", "/no/such/dir/t.json"], "argument --trace: directory /no/such/dir does not exist"),
     ]
     (tmp_path / "cases.json").write_text(json.dumps([tiny + argv for argv, _ in cases]))
     result = run_mpi(2, [TESTS / "bad_options_driver.py", tmp_path / "cases.json", tmp_path / "out.json",
@@ -219,12 +221,20 @@ def test_every_output_path_is_checked_before_measuring(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == [] and afile.read_text() == "not a tuning file"
 
 
-def test_plot_writes_exactly_the_path_it_names(mpirun, tmp_path):
-    png = tmp_path / "bandwidth.png"
-    result = ok(mpirun(2, BENCH + ["-b", "16", "-e", "64", "-f", "4", *QUICK, "-a", "ring,mpi", "--plot", png],
-                       timeout=120))
-    assert f"# wrote {png}" in result.stdout
-    assert os.listdir(tmp_path) == ["bandwidth.png"] and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+def test_plot_and_trace_write_exactly_the_paths_they_name(mpirun, tmp_path):
+    """--trace: one file of both ranks' timed calls, each named with its algorithm and bytes."""
+    from trace_schema import problems
+    png, trace = tmp_path / "bandwidth.png", tmp_path / "trace.json"
+    result = ok(mpirun(2, BENCH + ["-b", "16", "-e", "64", "-f", "4", *QUICK, "-a", "ring,mpi", "--plot", png,
+                                   "--trace", trace], timeout=120))
+    assert f"# wrote {png}" in result.stdout and f"# wrote {trace} (" in result.stdout
+    assert sorted(os.listdir(tmp_path)) == ["bandwidth.png", "trace.json"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    document = json.loads(trace.read_text())
+    assert problems(document) == []
+    for rank in (0, 1):
+        calls = [e for e in document["traceEvents"] if e["pid"] == rank and e.get("cat") == "collective"]
+        assert {(e["args"]["algorithm"], e["args"]["bytes"]) for e in calls} >= {("ring", 16), ("ring", 64)}
 
 
 def test_with_online_tuning_off_auto_is_timed_on_its_table(mpirun, tmp_path):

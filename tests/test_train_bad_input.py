@@ -120,6 +120,15 @@ def _cases(tmp_path: Path):
                           ("--accum-steps", "2"), ("--on-resize", "rescale-lr")):
         cases.append((f"async{option}", async_ps + [option, value], f"argument {option}: only with --mode sync"))
     cases.append(("async--resume", async_ps + ["--resume"], "argument --resume: only with --mode sync"))
+    cases.append(("async--trace", async_ps + ["--trace", str(tmp_path / "t.json")],
+                  "argument --trace: only with --mode sync"))
+    cases.append(("trace-unwritable", ["--trace", "/proc/x/t.json"], "argument --trace: "))
+    cases.append(("trace-directory", ["--trace", str(tmp_path)], f"argument --trace: {tmp_path} is a directory"))
+    cases.append(("trace-steps-empty", ["--trace", str(tmp_path / "t.json"), "--trace-steps", "5:5"],
+                  "argument --trace-steps: the window '5:5' is empty"))
+    cases.append(("trace-steps-inverted", ["--trace", str(tmp_path / "t.json"), "--trace-steps", "9:3"],
+                  "argument --trace-steps: the window '9:3' is inverted"))
+    cases.append(("trace-steps-alone", ["--trace-steps", "0:5"], "argument --trace-steps: needs --trace"))
     return [(name, QUICK + argv, message) for name, argv, message in cases]
 
 

@@ -69,11 +69,28 @@ def _step_times(mpirun, tmp_path, name, extra):
     return json.loads(path.read_text())["straggler"]
 
 
-def test_injected_straggler_is_named(mpirun, tmp_path):
-    """(How much the straggler slows every rank is measured by benchmarks/straggler.py.)"""
-    slow = _step_times(mpirun, tmp_path, "slow", ["--straggler", "1:40"])
+def test_injected_straggler_is_named_by_the_report_and_by_the_trace(mpirun, tmp_path):
+    """(How much the straggler slows every rank is measured by benchmarks/straggler.py.) The same run
+    writes --trace for steps 2 to 21: a file that passes the schema check, holding those steps alone
+    on every rank, whose summary names the straggler in at least 95% of them."""
+    from allreduce_kit.trace.summary import load, summarise
+    from trace_schema import problems
+    trace = tmp_path / "trace.json"
+    slow = _step_times(mpirun, tmp_path, "slow", ["--straggler", "1:40", "--trace", trace, "--trace-steps", "2:22"])
     assert slow["slowest_rank"] == 1
     assert [row["rank"] for row in slow["ranks"]] == [0, 1, 2]
+    document = load(str(trace))
+    assert problems(document) == []
+    for rank in range(3):
+        steps = sorted(int(e["name"].split("#")[1]) for e in document["traceEvents"]
+                       if e["pid"] == rank and e["name"].startswith("ProfilerStep#"))
+        assert steps == list(range(2, 22)), (rank, steps)
+        named = {e["name"] for e in document["traceEvents"] if e["pid"] == rank and e["ph"] == "X"}
+        assert {"forward_backward", "gradient_average", "allreduce", "update"} <= named
+    summary = summarise(document)
+    assert [row["name"] for row in summary["ranks"]] == [f"rank {r} ({slow['ranks'][r]['host']})" for r in range(3)]
+    assert summary["ranks"][1]["slowest_steps"] >= 0.95 * 20
+    assert summary["ranks"][1]["others_waited_ms"] > 2 * 20 * 30
 
 
 def _history(run):

@@ -34,6 +34,7 @@ from ..comm import library_comm
 from ..launch import check_launch
 from ..reduction import OPS, use_kernels
 from ..threads import limit_threads
+from ..trace import session as trace_session
 from . import collectives
 from . import fit as cost
 from . import network, output
@@ -101,6 +102,8 @@ def build_parser() -> RankZeroParser:
     parser.add_argument("--json", metavar="PATH", help="write the preamble, every row and the ratios as JSON "
                                                         "(every output path is checked before measuring)")
     parser.add_argument("--csv", metavar="PATH", help="write every row as CSV")
+    parser.add_argument("--trace", metavar="PATH.json", help="write one Chrome trace of every rank's calls on rank 0's "
+                                                           "clock (docs/trace.md); the file grows with every call")
     parser.add_argument("--plot", metavar="PATH.png", help="plot busbw and time against size as a PNG, written to "
                                                           "exactly PATH.png (a path not ending in .png is refused; "
                                                           "needs matplotlib)")
@@ -358,6 +361,17 @@ def overlap_main(comm: MPI.Intracomm, args) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """The bench; with --trace, rank 0 then writes the trace of every rank's calls (collective)."""
+    status = _measure(argv)
+    if trace_session.tracing():
+        path = trace_session.current_path()
+        size = trace_session.finish()
+        if size is not None:
+            print(f"# wrote {path} ({size / 1e6:.2f} MB; python -m allreduce_kit.trace summary {path})", flush=True)
+    return status
+
+
+def _measure(argv: Optional[List[str]] = None) -> int:
     check_launch(prog="python -m allreduce_kit.bench")  # N unconnected copies (srun --mpi=none) stop here
     comm = MPI.COMM_WORLD
     parser = build_parser()
@@ -375,7 +389,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if comm.Get_rank() == 0:
         # Every output checked now, not after an hour of measuring.
         problem = problem or outputs_problem((("--json", args.json), ("--csv", args.csv),
-                                              ("--plot", args.plot, ".png")))
+                                              ("--plot", args.plot, ".png"), ("--trace", args.trace)))
         if not problem and args.tune:
             problem = tune_file_problem(args.tune)
         try:  # a bad tuning file named by the environment is an input error, not a crash
@@ -387,6 +401,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     agree(comm, problem)
     if args.stall_timeout is not None:
         stall.set_stall_timeout(args.stall_timeout)
+    if args.trace:                                     # --trace: from here; main writes it at the end
+        trace_session.start(args.trace, comm=comm)
     if args.overlap is not None:
         return overlap_main(comm, args)
 

@@ -10,6 +10,7 @@ from ..algorithms.allgather import shared_memory
 from ..blocks import counts as rule_counts
 from ..comm import library_comm
 from ..progress import IN_FLIGHT
+from ..trace.recorder import ACTIVE as _TRACING
 from .common import (Again, algorithm_name, checking_locally, comm_shape, counts_argument, input_array, keeps,
                      output_array, settle, stall_argument, watched)
 
@@ -72,6 +73,9 @@ def allgather(block: np.ndarray, out: Optional[np.ndarray] = None, *, counts: Op
     exchanged on some ranks (neither ``out`` nor ``counts``) and not on others, are undefined.
     ``stall_timeout`` as for ``allreduce``.
     """
+    if _TRACING[0] is not None and _TRACING[0].records_here():  # tracing (allreduce_kit/trace): recorded
+        return _TRACING[0].collective(allgather, block, (out,), dict(counts=counts, algorithm=algorithm, comm=comm,
+                                                                check=check, stall_timeout=stall_timeout))
     again = _LAST[0]
     if (again is not None and again.first() is block and again.second() is out and again.key is algorithm
             and counts is None and (comm is None or comm is _COMM_WORLD) and check is None and stall_timeout is None

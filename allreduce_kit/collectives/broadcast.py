@@ -10,6 +10,7 @@ from ..algorithms.broadcast import shared_memory
 from ..algorithms.shared_memory import window_of
 from ..comm import library_comm
 from ..progress import IN_FLIGHT
+from ..trace.recorder import ACTIVE as _TRACING
 from .common import (Again, agree_unchecked, algorithm_name, checking_locally, comm_shape, input_array, keeps,
                      rank_argument, settle, stall_argument, watched)
 
@@ -50,6 +51,9 @@ def broadcast(buf: np.ndarray, root: int = 0, *, algorithm: str = "auto", comm: 
     compares what each rank publishes beside its buffer instead, at no cost.
     ``stall_timeout`` as for ``allreduce``.
     """
+    if _TRACING[0] is not None and _TRACING[0].records_here():  # tracing (allreduce_kit/trace): recorded
+        return _TRACING[0].collective(broadcast, buf, (root,), dict(algorithm=algorithm, comm=comm, check=check,
+                                                               stall_timeout=stall_timeout))
     again = _LAST[0]
     if (again is not None and again.first() is buf and again.key == (algorithm, root)
             and (comm is None or comm is _COMM_WORLD) and check is None and stall_timeout is None

@@ -10,6 +10,7 @@ from ..blocks import block as block_of
 from ..collective import op_name
 from ..comm import library_comm
 from ..progress import IN_FLIGHT
+from ..trace.recorder import ACTIVE as _TRACING
 from .common import (Again, algorithm_name, checking_locally, comm_shape, input_array, keeps, output_array,
                      settle, stall_argument, watched)
 
@@ -65,6 +66,9 @@ def reduce_scatter(buf: np.ndarray, out: Optional[np.ndarray] = None, *, op: str
     as ``allreduce`` does (``algorithms/signature.py``); another op or algorithm is undefined.
     ``stall_timeout`` as for ``allreduce``.
     """
+    if _TRACING[0] is not None and _TRACING[0].records_here():  # tracing (allreduce_kit/trace): recorded
+        return _TRACING[0].collective(reduce_scatter, buf, (out,), dict(op=op, algorithm=algorithm, comm=comm,
+                                                                   check=check, stall_timeout=stall_timeout))
     again = _LAST[0]
     if (again is not None and again.first() is buf and again.second() is out and again.key == (op, algorithm)
             and (comm is None or comm is _COMM_WORLD) and check is None and stall_timeout is None and not IN_FLIGHT[0]

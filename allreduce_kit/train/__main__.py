@@ -39,6 +39,8 @@ from ..threads import limit_threads
 from . import checkpoint, elastic, injob, modes, report, resize, sharding
 from ..pipeline import cli as pipeline_cli            # --pipeline S: model parallelism (docs/pipeline.md)
 from ..memory import available_bytes
+from ..trace import session as trace_session
+from ..trace.session import TraceError, steps_window
 from .trainer import Config, NonFiniteError, ResumeError, Trainer
 from .signals import STOPPED_STATUS, StopSignals, Stopped
 # --mode sync|async-ps: the async side lives in async_main.py, the summary both share in summary.py
@@ -73,6 +75,13 @@ def _rank_and(convert, minimum, form: str):
 
 
 _straggler = _rank_and(float, 0, "RANK:MS such as 3:20 (rank >= 0, delay in ms >= 0)")
+
+
+def _trace_window(text: str):
+    try:
+        return steps_window(text)
+    except TraceError as bad:
+        raise argparse.ArgumentTypeError(str(bad)) from None
 
 
 def _at_least(low, kind=int, strict=False):
@@ -133,6 +142,12 @@ def build_parser() -> RankZeroParser:
                    help="add a random delay, uniform in [0, 2 x MS] (mean MS), to every rank's compute every step")
     g.add_argument("--gather-every", type=_at_least(1), default=d.gather_every, metavar="K",
                    help="gather the per-step timing records to rank 0 every K steps")
+    g.add_argument("--trace", metavar="PATH.json", default=None,
+                   help="write one Chrome trace of every rank's steps, compute, collectives and checkpoints on "
+                        "rank 0's clock (open in Perfetto; python -m allreduce_kit.trace summary PATH.json; "
+                        "docs/trace.md); --mode sync, backup workers and local SGD")
+    g.add_argument("--trace-steps", type=_trace_window, default=None, metavar="A:B",
+                   help="with --trace: record steps A to B-1 only, counted from 0 (A: to the end)")
     g.add_argument("--bench-allreduce", type=_at_least(0), default=0, metavar="N",
                    help="after training, time N averages of a gradient-sized buffer alone and compare")
     g = p.add_argument_group("output")
@@ -243,6 +258,10 @@ def _problems(args, ranks: int) -> Optional[str]:
         return f"argument --momentum: must be < 1, got {args.momentum}"
     if args.test_fraction >= 1:
         return f"argument --test-fraction: must be < 1, got {args.test_fraction}"
+    if args.trace_steps and not args.trace:
+        return "argument --trace-steps: needs --trace"
+    if args.trace and args.elastic:
+        return "argument --trace: not available with --elastic"
     if args.straggler and args.straggler[0] >= ranks:
         return f"argument --straggler: rank {args.straggler[0]} does not exist in a job of {plural(ranks, 'rank')} (0..{ranks - 1})"
     if args.elastic and injob.available():           # recovery in this job (ULFM): its own checks
@@ -263,7 +282,7 @@ def _problems(args, ranks: int) -> Optional[str]:
                 f"{plural(total - test, 'training sample')} cannot give each of {ranks} ranks a shard")
     if not is_root():
         return None
-    problem = outputs_problem((("--json", args.json), ("--plot", args.plot, ".png")))
+    problem = outputs_problem((("--json", args.json), ("--plot", args.plot, ".png"), ("--trace", args.trace)))
     if problem:
         return problem
     if args.plot:
@@ -304,6 +323,14 @@ def config_from(args) -> Config:
     return Config(**{k: getattr(args, k) for k in Config.__dataclass_fields__})
 
 
+def _finish_trace(args) -> None:
+    """Write --trace's file (collective; rank 0 writes and says so)."""
+    if args.trace:
+        size = trace_session.finish()
+        if size is not None:
+            say(f"wrote {args.trace} ({size / 1e6:.2f} MB; python -m allreduce_kit.trace summary {args.trace})")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     check_launch(prog="python -m allreduce_kit.train")  # N unconnected copies (srun --mpi=none) stop here
     parser = build_parser()
@@ -330,6 +357,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.mode == "async-ps":                        # the parameter-server run
         return async_main.main(args, config, threads, _yield_note(), comm, parser, STARTED)
     recovery = injob.Recovery(comm, config, args.min_ranks, args.checkpoint_every) if args.elastic else None
+    if args.trace:                                     # before the first collective: the clocks are measured now
+        trace_session.start(args.trace, args.trace_steps or (0, None), comm)
     try:
         trainer = Trainer(config, comm if recovery is None else recovery.comm)
     except ResumeError as error:
@@ -408,11 +437,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         if bar is not None:
             bar.close()
         say(f"{parser.prog}: {error}", file=sys.stderr)
+        _finish_trace(args)
         trainer.close()
         return STOPPED_STATUS if isinstance(error, Stopped) else 1
     finally:
         if trainer.stop is not None:
             trainer.stop.close()
+    _finish_trace(args)
     alone = trainer.allreduce_alone(args.bench_allreduce) if args.bench_allreduce else None
     if is_root():
         s = result["straggler"]

@@ -30,7 +30,8 @@ ASYNC_ONLY = ("servers", "max_staleness", "worker_timeout", "inject_fault")
 #: ... and those that only ``--mode sync`` uses: the allreduce, its timing, resuming, the
 #: learning-rate schedule and the non-finite-gradient handling.
 SYNC_ONLY = ("lr_scaling", "warmup_epochs", "algorithm", "bucket_mb", "gather_every", "bench_allreduce",
-             "checkpoint_every", "resume", "on_nonfinite", "inject_nan", "accum_steps", "on_resize")
+             "checkpoint_every", "resume", "on_nonfinite", "inject_nan", "accum_steps", "on_resize", "trace",
+             "trace_steps")
 
 
 #: Options that apply only to the synthetic data set (digits has its own sizes) ...

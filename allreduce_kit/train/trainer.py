@@ -19,6 +19,7 @@ from .. import faults, selection
 from ..collective import allreduce
 from ..comm import library_comm
 from ..params import average_buffer, bucket_bounds, broadcast_parameters
+from ..trace.recorder import ACTIVE, CURRENT as TRACE
 from . import checkpoint, data, modes, resize
 from .signals import StopSignals, stop_if_asked
 from .model import MLP
@@ -203,6 +204,9 @@ class Trainer:
     # -- one step ---------------------------------------------------------------------------
     def train_step(self, idx: np.ndarray) -> Tuple[float, int]:
         """Compute, average, update on this rank's batch ``idx``; records the three times."""
+        tracer, traced_step = TRACE[0], self.step          # --trace (allreduce_kit/trace): this step's events
+        if tracer is not None:
+            tracer.begin(traced_step)
         t0 = time.perf_counter()
         if self.shards is not None:
             self.shards.nan_next = self.nan_at == self.step + 1
@@ -219,6 +223,8 @@ class Trainer:
         t1 = time.perf_counter()
         if self.strategy is not None:                    # it averages, updates, records and counts the step
             self.strategy.after_compute(idx, loss, correct, t0, t1)
+            if tracer is not None:
+                tracer.step(traced_step, t0, time.perf_counter(), (("forward_backward", t0, t1),))
             return loss, correct
         average_buffer(self.model.grads, bucket_mb=self.config.bucket_mb, comm=self.comm,
                        algorithm=self.config.algorithm)
@@ -237,6 +243,9 @@ class Trainer:
             self.optimizer.step(self.model.params, self.model.grads, lr)
         t3 = time.perf_counter()
         self.timer.record(t1 - t0, t2 - t1, t3 - t2)
+        if tracer is not None:
+            tracer.step(traced_step, t0, t3, (("forward_backward", t0, t1), ("gradient_average", t1, t2),
+                                              ("update", t2, t3)))
         self.step += 1
         return loss, correct
 
@@ -423,6 +432,7 @@ class Trainer:
         The history is every finished epoch's record and, if the step falls inside an epoch, every
         rank's sums of that epoch so far and its seconds: a run resumed from it reports what the
         uninterrupted run reports (losses, accuracies, samples, steps; not its timings)."""
+        started = time.perf_counter()
         now = self._open_epoch()
         gathered = self.comm.gather((self.jitter_rng.bit_generator.state, None if now is None else now[0]), root=0)
         if self.shards is not None:                      # every rank its blocks, rank 0 the manifest
@@ -434,6 +444,8 @@ class Trainer:
                             {"params": self.model.params, **self.optimizer.state()},
                             self.checkpoint_meta(gathered, now), keep=self.config.keep_checkpoints)
         self.saved_step = self.step
+        if ACTIVE[0] is not None:                        # --trace, inside its window
+            ACTIVE[0].span_s("checkpoint", "checkpoint", started, time.perf_counter(), {"step": self.step})
 
     def checkpoint_meta(self, gathered: List[Tuple[Any, Any]], now: Optional[Tuple[List[float], float]]) -> Dict[str, Any]:
         """A checkpoint's record of this step, from every rank's (jitter RNG state, open epoch's sums)."""
