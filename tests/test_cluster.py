@@ -157,14 +157,16 @@ def test_nodes_are_isolated(nodes):
 
 
 @needs_cluster
-@pytest.mark.parametrize("layout", [
-    ["-n", "4", "--nodes", "2"],
-    ["-n", "4", "--nodes", "2", "--placement", "round-robin"],
-    ["-n", "5", "--ranks-per-node", "1,2,2"],
-    ["-n", "5", "--placement", "round-robin"],
+@pytest.mark.parametrize("layout, cover", [
+    (["-n", "4", "--nodes", "2"], []),
+    (["-n", "4", "--nodes", "2", "--placement", "round-robin"], ["--cover"]),
+    (["-n", "5", "--ranks-per-node", "1,2,2"], ["--cover"]),
+    (["-n", "5", "--placement", "round-robin"], ["--cover"]),
 ], ids=["2x2-block", "2x2-round-robin", "1+2+2-block", "2+2+1-round-robin"])
-def test_every_algorithm_across_nodes(nodes, layout):
-    done = run(*layout, "--", PYTHON, *SUITE)
+def test_every_algorithm_across_nodes(nodes, layout, cover):
+    """Every case on the first layout; on the others every algorithm with every dtype, op and
+    length in turn (``allreduce_check.py``'s ``--cover``)."""
+    done = run(*layout, "--", PYTHON, *SUITE, *cover)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert done.stdout.startswith("passed: "), done.stdout + done.stderr
 
@@ -172,7 +174,8 @@ def test_every_algorithm_across_nodes(nodes, layout):
 @needs_cluster
 def test_open_mpi_runs_across_the_nodes_too(nodes, openmpi):
     """``cluster run --mpirun`` with Open MPI's ``mpirun``: ranks placed as asked (uneven, round-robin),
-    the nodes isolated under it too, and every algorithm x op x dtype x length matches its ``Allreduce``."""
+    the nodes isolated under it too, and every algorithm matches MPI's own call with every op, dtype
+    and length in turn."""
     env = openmpi.environment()
     layout = ["-n", "5", "--placement", "round-robin", "--mpirun", openmpi.mpirun]
     where = run(*layout, "--", PYTHON, "-c", "from mpi4py import MPI; import os, socket; "
@@ -188,7 +191,7 @@ def test_open_mpi_runs_across_the_nodes_too(nodes, openmpi):
     done = run(*layout, "--", PYTHON, "-m", "mpi4py", str(TESTS / "cluster" / "isolation_check.py"), str(NODES),
                env=env)
     assert done.returncode == 0 and done.stdout.startswith(f"isolated: {NODES} nodes"), done.stdout + done.stderr
-    done = run(*layout, "--", PYTHON, *SUITE, env=env)
+    done = run(*layout, "--", PYTHON, *SUITE, "--cover", env=env)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert done.stdout.startswith("passed: ") and "ranks per node (2, 2, 1)" in done.stdout, done.stdout + done.stderr
     assert not list(cluster.STATE_DIR.glob("ranks.*")), "the hostfile of each run is removed"

@@ -27,6 +27,21 @@ MPI_OP = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod
 LARGE = 2 ** 15 + 3
 
 
+#: ``--cover``: a layout's cases cover every length in turn, not every length each time
+#: (``allreduce_check.py``).
+COVER = "--cover" in sys.argv
+
+
+def pick(lengths: List[int], turn: int, per_turn: int) -> List[int]:
+    """``lengths``, or with ``COVER`` the ``per_turn`` small ones (up to 1000) whose turn it is
+    and every large one."""
+    if not COVER:
+        return lengths
+    small = [n for n in lengths if n <= 1000]
+    return sorted({small[(turn * per_turn + i) % len(small)] for i in range(per_turn)}
+                  | {n for n in lengths if n > 1000})
+
+
 def lengths(p: int, large: bool) -> List[int]:
     return sorted({0, 1, max(p - 1, 1), p + 1, 1000} | ({LARGE} if large else set()))
 
@@ -66,9 +81,11 @@ def check(world: MPI.Intracomm, comm: MPI.Intracomm) -> Tuple[int, List[str]]:
 
     for algorithm in sorted(reduce_scatters.ALGORITHMS) + ["auto"]:
         progress(f"reduce_scatter {algorithm}")
+        turn = 0
         for dtype in DTYPES:
             for op in OPS:
-                for n in lengths(p, dtype == "float32" and op == "sum"):
+                turn += 1
+                for n in pick(lengths(p, dtype == "float32" and op == "sum"), turn, 1):
                     x = local_values(n, dtype, rank)
                     counts = [int(c) for c in np.diff(shard_bounds(n, p))]
                     expected = np.empty(counts[rank], dtype)
@@ -94,8 +111,8 @@ def check(world: MPI.Intracomm, comm: MPI.Intracomm) -> Tuple[int, List[str]]:
 
     for algorithm in sorted(allgathers.ALGORITHMS) + ["auto"]:
         progress(f"allgather {algorithm}")
-        for dtype in DTYPES:
-            for n in lengths(p, dtype == "float32"):
+        for turn, dtype in enumerate(DTYPES):
+            for n in pick(lengths(p, dtype == "float32"), turn, 2):
                 whole = local_values(n, dtype, 0)  # the same on every rank
                 lo, hi = shard_bounds(n, p)[rank:rank + 2]
                 out = allgather(whole[lo:hi].copy(), np.zeros(n, dtype), algorithm=algorithm, comm=comm)
@@ -112,8 +129,8 @@ def check(world: MPI.Intracomm, comm: MPI.Intracomm) -> Tuple[int, List[str]]:
 
     for algorithm in sorted(broadcasts.ALGORITHMS) + ["auto"]:
         progress(f"broadcast {algorithm}")
-        for dtype in DTYPES:
-            for n in lengths(p, dtype == "float32"):
+        for turn, dtype in enumerate(DTYPES):
+            for n in pick(lengths(p, dtype == "float32"), turn, 2):
                 for root in sorted({0, p - 1, p // 2}):
                     x = local_values(n, dtype, rank)
                     expected = x.copy()
