@@ -49,20 +49,20 @@ def check_result(comm, x: np.ndarray, got: np.ndarray, op: str, compression: str
 @pytest.mark.parametrize("compression", sorted(WIRES))
 def test_matches_the_rounded_reduction_and_is_the_same_everywhere(comm, compression):
     p, rank = comm.Get_size(), comm.Get_rank()
-    for algorithm in ["auto", *sorted(COMPRESSED)]:
-        for op in OPS:
-            for n in lengths(p):
-                x = np.random.default_rng([n, rank]).standard_normal(n).astype(np.float32)
-                got = allreduce(x.copy(), op=op, algorithm=algorithm, comm=comm, compression=compression)
-                check_result(comm, x, got, op, compression)
-                assert_same_everywhere(comm, got)
+    algorithms = ["auto", *sorted(COMPRESSED)]  # taking turns: every one meets every op and most lengths
+    for i, (op, n) in enumerate((op, n) for op in OPS for n in lengths(p)):
+        x = np.random.default_rng([n, rank]).standard_normal(n).astype(np.float32)
+        got = allreduce(x.copy(), op=op, algorithm=algorithms[i % len(algorithms)], comm=comm,
+                        compression=compression)
+        check_result(comm, x, got, op, compression)
+        assert_same_everywhere(comm, got)
     assert_quiet(comm)
 
 
 @pytest.mark.mpi
 def test_a_2d_buffer_and_large_values_reduce_as_their_flat_form(comm):
     p, rank = comm.Get_size(), comm.Get_rank()
-    x = np.full((3, 5), 1000.0 * (rank + 1), np.float32)  # 1000 p(p+1)/2: exact in fp16 up to 8 ranks? no: rounded
+    x = np.full((3, 5), 1000.3 * (rank + 1), np.float32)  # partial sums of up to 36000: fp16's coarse range
     got = allreduce(x.copy(), comm=comm, compression="fp16")
     assert got.shape == (3, 5)
     check_result(comm, x.reshape(-1), got.reshape(-1), "sum", "fp16")
@@ -104,3 +104,12 @@ def test_lengths_that_differ_between_ranks_raise_on_every_rank(comm):
         allreduce(np.ones(n, np.float32), comm=comm, compression="bf16")
     assert_quiet(comm)
     assert library_comm(comm) is not None
+
+
+@pytest.mark.mpi
+def test_the_bench_sweep_checks_compressed_rows_against_mpis_result_rounded(comm):
+    from allreduce_kit.bench.sweep import sweep
+    rows = sweep(comm, [1028], np.dtype(np.float32), "mean", ["ring", "auto", "mpi"], 1, 1, batch=1,
+                 compression="fp16")
+    assert [(r.algorithm, r.chosen, r.compression, r.wrong) for r in rows] == [
+        ("ring", "ring", "fp16", 0), ("auto", "ring", "fp16", 0), ("mpi", "mpi", "none", 0)]
