@@ -120,6 +120,23 @@ def _cases(tmp_path: Path):
                           ("--accum-steps", "2"), ("--on-resize", "rescale-lr")):
         cases.append((f"async{option}", async_ps + [option, value], f"argument {option}: only with --mode sync"))
     cases.append(("async--resume", async_ps + ["--resume"], "argument --resume: only with --mode sync"))
+    for name, argv, message in (
+            ("compression-rank-without-powersgd", ["--compression-rank", "2"],
+             "argument --compression-rank: only with --compression powersgd"),
+            ("compression-start-without-powersgd", ["--compression", "fp16", "--compression-start", "5"],
+             "argument --compression-start: only with --compression powersgd"),
+            ("compression-rank-above-every-matrix", ["--compression", "powersgd", "--compression-rank", "17"],
+             "argument --compression-rank: 17 is above the smaller side of every weight matrix of this model "
+             "(at most 16)"),
+            ("compression-fp16-float64", ["--compression", "fp16", "--dtype", "float64"],
+             "argument --compression: fp16 sends float32 values as 16 bits, not --dtype float64"),
+            ("compression-bf16-algorithm", ["--compression", "bf16", "--algorithm", "tree"],
+             "argument --compression: bf16 runs with --algorithm auto or ring, not tree"),
+            ("compression-local-sgd", ["--compression", "powersgd", "--local-sgd", "2"],
+             "argument --compression: powersgd compresses plain sync steps only, not with --local-sgd 2"),
+            ("compression-async", async_ps + ["--compression", "fp16"],
+             "argument --compression: fp16 compresses plain sync steps only, not with --mode async-ps")):
+        cases.append((name, argv, message))
     return [(name, QUICK + argv, message) for name, argv, message in cases]
 
 

@@ -37,6 +37,7 @@ from ..cli import RankZeroParser, is_root, outputs_problem, plural, say, write_j
 from ..launch import check_launch
 from ..threads import limit_threads
 from . import checkpoint, elastic, injob, modes, report, resize, sharding
+from . import compressed  # noqa: E402
 from ..memory import available_bytes
 from .trainer import Config, NonFiniteError, ResumeError, Trainer
 from .signals import STOPPED_STATUS, StopSignals, Stopped
@@ -158,6 +159,7 @@ def build_parser() -> RankZeroParser:
     async_main.add_arguments(p, _at_least)             # --mode, --servers, --max-staleness, ...
     elastic.add_arguments(p)                           # --elastic, -n, --min-ranks, --mpiexec
     sharding.add_arguments(p)                          # --zero, --optimizer
+    compressed.add_arguments(p, _at_least)             # --compression, --compression-rank, --compression-start
     return p
 
 
@@ -311,6 +313,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     per_node = sharding.ranks_per_node(comm)
     problem = comm.bcast(settings_problem() or async_main.other_mode_problem(args, given)
                          or modes.problems(args, comm.Get_size(), given)
+                         or compressed.problems(args, comm.Get_size(), given)
                          or sharding.problems(args, comm.Get_size(), given, per_node, available_bytes())
                          or _problems(args, comm.Get_size()) or _reliability_problems(args, comm.Get_size())
                          or async_main.problems(args, comm.Get_size()), root=0)
@@ -363,6 +366,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if modes.header(config, ranks):
         say(modes.header(config, ranks))
     say(sharding.header(trainer))
+    if compressed.header(trainer):
+        say(compressed.header(trainer))
 
     bar = None
     use_bar = is_root() and (args.progress == "bar" or (args.progress == "auto" and sys.stderr.isatty()))
@@ -420,6 +425,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         if result["bucket_algorithms"] != trainer.bucket_algorithms:
             say(f"algorithm {_algorithm_note(config.algorithm, result['bucket_algorithms'])} once it had tuned online "
                 f"(ALLREDUCE_KIT_ONLINE_TUNING; docs/auto.md)")
+        if result["compression"]["method"] != "none":
+            c = result["compression"]
+            say(f"compression {c['method']}: {c['bytes_sent_per_step'] / 1e3:,.1f} kB sent per rank per step, against "
+                f"{c['uncompressed_bytes_per_step'] / 1e3:,.1f} kB uncompressed: ratio {c['ratio']:.2f}")
         if result["skipped_steps"]:
             say(f"skipped the update of {len(result['skipped_steps'])} step(s) with a non-finite averaged gradient "
                 f"(--on-nonfinite skip): {result['skipped_steps'][:20]}")
