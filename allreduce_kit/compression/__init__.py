@@ -3,7 +3,7 @@
 ``allreduce(buf, compression="fp16" | "bf16")`` reduces a float32 buffer whose messages carry
 16-bit values (``wire.py``); every fold is done in float32 and the result, bitwise the same on
 every rank, is made of 16-bit values. Only the algorithms in ``COMPRESSED`` run compressed;
-``auto`` chooses among them (``choose``).
+``auto`` chooses among them (``choose``). ``powersgd.py`` holds PowerSGD's state.
 
 =================  ============================================  ================================
 name               what it does                                  bytes each rank sends
@@ -14,30 +14,40 @@ name               what it does                                  bytes each rank
                    allgather of the 16-bit blocks (``ring.py``)
 =================  ============================================  ================================
 
-The docs (``docs/compression.md``) state the error bound.
+Importing this package (as ``allreduce_kit.torch`` does) loads no MPI: the schedules and the
+numba conversions (``WIRES``) are imported when first used. The docs (``docs/compression.md``)
+state the error bound.
 """
-from typing import Callable, Dict
+from typing import Any, Callable, Dict, Tuple
 
-import numpy as np
-
-from . import ring
-from .wire import COMPRESSIONS, WIRES, Wire
-from ..comm import LibraryComm
-from ..reduction import Reduction
-
-CompressedAlgorithm = Callable[[LibraryComm, np.ndarray, Reduction, Wire], None]
-
-#: name -> compressed allreduce algorithm ``(comm, buf, op, wire)``: the algorithms that accept
-#: ``compression`` other than ``"none"``.
-COMPRESSED: Dict[str, CompressedAlgorithm] = {"ring": ring.allreduce}
+#: What ``allreduce(..., compression=...)`` accepts: ``none`` sends the buffer's own dtype.
+COMPRESSIONS: Tuple[str, ...] = ("none", "fp16", "bf16")
 
 #: The ops a compressed allreduce takes: a product's rounding errors compound without bound.
 OPS = ("sum", "mean", "max", "min")
 
 
-def choose(comm: LibraryComm, nbytes: int) -> str:
+def _ring(comm, buf, op, wire) -> None:
+    from .ring import allreduce
+    allreduce(comm, buf, op, wire)
+
+
+#: name -> compressed allreduce algorithm ``(comm, buf, op, wire)``: the algorithms that accept
+#: ``compression`` other than ``"none"``.
+COMPRESSED: Dict[str, Callable[..., None]] = {"ring": _ring}
+
+
+def choose(comm: Any, nbytes: int) -> str:
     """``auto``'s compressed algorithm for ``nbytes`` of float32 on ``comm`` (the same on every rank)."""
     return "ring"
+
+
+def __getattr__(name: str) -> Any:
+    """``WIRES`` and ``Wire`` (``wire.py``), loaded on first use."""
+    if name in ("WIRES", "Wire"):
+        from . import wire
+        return getattr(wire, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["COMPRESSIONS", "COMPRESSED", "OPS", "WIRES", "Wire", "choose"]

@@ -13,14 +13,12 @@ name        format                                  unit roundoff    range
 ``bf16``    bfloat16 (float32's top 16 bits)        2**-8            float32's
 ==========  ======================================  ===============  ===========================
 """
-from typing import Dict, Tuple
+from typing import Dict
 
 import numpy as np
 
 from ..kernels import half
 
-#: What ``allreduce(..., compression=...)`` accepts: ``none`` sends the buffer's own dtype.
-COMPRESSIONS: Tuple[str, ...] = ("none", "fp16", "bf16")
 
 
 class Wire:
