@@ -12,6 +12,10 @@ name               what it does                                  bytes each rank
                    results sent as 16 bits and folded in          uncompressed ring's
                    float32; the owner rounds its block once;
                    allgather of the 16-bit blocks (``ring.py``)
+``hierarchical``   float32 reduce-scatter inside each node, the   2 (N-1)/N n x 2 bytes over each
+                   compressed ring of each shard across the       node's link, N nodes; on one
+                   nodes, allgather inside the node               node, ``ring``
+                   (``hierarchical.py``)
 =================  ============================================  ================================
 
 Importing this package (as ``allreduce_kit.torch`` does) loads no MPI: the schedules and the
@@ -32,14 +36,20 @@ def _ring(comm, buf, op, wire) -> None:
     allreduce(comm, buf, op, wire)
 
 
+def _hierarchical(comm, buf, op, wire) -> None:
+    from .hierarchical import allreduce
+    allreduce(comm, buf, op, wire)
+
+
 #: name -> compressed allreduce algorithm ``(comm, buf, op, wire)``: the algorithms that accept
 #: ``compression`` other than ``"none"``.
-COMPRESSED: Dict[str, Callable[..., None]] = {"ring": _ring}
+COMPRESSED: Dict[str, Callable[..., None]] = {"ring": _ring, "hierarchical": _hierarchical}
 
 
 def choose(comm: Any, nbytes: int) -> str:
-    """``auto``'s compressed algorithm for ``nbytes`` of float32 on ``comm`` (the same on every rank)."""
-    return "ring"
+    """``auto``'s compressed algorithm for ``nbytes`` of float32 on ``comm`` (the same on every
+    rank): across nodes ``hierarchical`` (16 bits only between the nodes), on one node ``ring``."""
+    return "ring" if comm.layout.single_node else "hierarchical"
 
 
 def __getattr__(name: str) -> Any:

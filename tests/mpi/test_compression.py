@@ -114,3 +114,26 @@ def test_the_bench_sweep_checks_compressed_rows_against_mpis_result_rounded(comm
     assert [(r.algorithm, r.chosen, r.compression, r.wrong) for r in rows] == [
         ("ring", "ring", "fp16", 0), ("auto", "ring", "fp16", 0), ("mpi", "mpi", "none", 0)]
 
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() < 2, reason="two nodes need two ranks")
+def test_across_two_nodes_hierarchical_compresses_between_them_and_auto_takes_it(comm):
+    """The ranks told they sit on two nodes (the first half and the rest): ``hierarchical``'s plan
+    splits them so, and its node steps and compressed ring between the nodes meet the contract."""
+    import dataclasses
+    from allreduce_kit import compression
+
+    p, rank = comm.Get_size(), comm.Get_rank()
+    lib = library_comm(comm)
+    cores = lib.layout.cores_per_node[0]
+    lib.layout = dataclasses.replace(lib.layout, node_of=tuple(int(r >= (p + 1) // 2) for r in range(p)),
+                                     cores_per_node=(cores, cores), hosts=(), machine_of=(), cores_per_machine=(),
+                                     ranks_per_machine=())
+    assert compression.choose(lib, 4096) == "hierarchical"
+    for i, (op, n) in enumerate((op, n) for op in OPS for n in (1, p + 1, 7919)):
+        x = np.random.default_rng([n, rank, 3]).standard_normal(n).astype(np.float32)
+        got = allreduce(x.copy(), op=op, algorithm=("auto", "hierarchical")[i % 2], comm=comm, compression="bf16")
+        check_result(comm, x, got, op, "bf16")
+        assert_same_everywhere(comm, got)
+    assert_quiet(comm)

@@ -1,5 +1,5 @@
 """Inside an MPI job: ``DistributedOptimizer(..., compression=Compression.powersgd(...))`` averages
-each bucket's gradients as the numpy ``PowerSGD`` does, replicas stay bitwise identical, and
+each bucket's gradients as the numpy ``PowerSGD`` does (to rounding), replicas stay bitwise identical, and
 arguments that cannot work raise before anything is sent."""
 import warnings
 
@@ -48,8 +48,8 @@ def test_powersgd_averages_as_the_numpy_state_and_replicas_stay_identical(comm):
         local = [p.grad.detach().numpy().copy() for p in order]
         opt.step()
         mirror.average(local)
-        for p, expected in zip(order, local):
-            assert np.array_equal(p.grad.numpy(), expected), f"step {step}"
+        for p, expected in zip(order, local):  # auto may settle on other algorithms on the two communicators
+            np.testing.assert_allclose(p.grad.numpy(), expected, rtol=1e-5, atol=1e-6, err_msg=f"step {step}")
     assert_same_everywhere(comm, torch.cat([p.detach().reshape(-1) for p in net.parameters()]).numpy())
     assert opt._compression.states[0].iter == 3
 
