@@ -21,7 +21,7 @@ from ..algorithms.reduce_scatter import ring as reduce_scatter_ring
 from ..algorithms.signature import BAD, mismatch, tag as signature
 from ..blocks import shard_bounds
 
-TAG = 109
+TAG = 112  # not 109: hierarchical's node allgather sends with its TAG + 1
 #: Scratch slots of the library's communicator: the finished block, the 16-bit whole buffer.
 BLOCK, PACKED = 62, 63
 
