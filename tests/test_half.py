@@ -1,5 +1,7 @@
 """The 16-bit wire format's conversions (``allreduce_kit.kernels.half``): bitwise numpy's float16
 and PyTorch's bfloat16 rounding (round to nearest, ties to even), without MPI."""
+from functools import lru_cache
+
 import numpy as np
 import pytest
 
@@ -18,6 +20,7 @@ def _decode(h: np.ndarray, fmt: int) -> np.ndarray:
     return out
 
 
+@lru_cache(maxsize=1)
 def _awkward_floats() -> np.ndarray:
     """Every float32 edge a 16-bit rounding meets: around each half's ties, ranges' ends, specials."""
     rng = np.random.default_rng(0)
@@ -33,7 +36,9 @@ def _awkward_floats() -> np.ndarray:
     specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504, 65519.99, 65520, 65536, 2 ** -24, 2 ** -25,
                          2 ** -25 * 1.0000001, 2 ** -14, 1e-45, 3.4e38, -3.4e38], np.float32).view(np.uint32)
     bits.append(specials)
-    return np.concatenate(bits).astype(np.uint32).view(np.float32)
+    floats = np.concatenate(bits).astype(np.uint32).view(np.float32)
+    floats.flags.writeable = False  # shared by the tests: each copies what it changes
+    return floats
 
 
 def test_fp16_encode_is_numpys_float16_bitwise():

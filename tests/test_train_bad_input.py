@@ -131,7 +131,7 @@ def _cases(tmp_path: Path):
             ("compression-fp16-float64", ["--compression", "fp16", "--dtype", "float64"],
              "argument --compression: fp16 sends float32 values as 16 bits, not --dtype float64"),
             ("compression-bf16-algorithm", ["--compression", "bf16", "--algorithm", "tree"],
-             "argument --compression: bf16 runs with --algorithm auto or ring, not tree"),
+             "argument --compression: bf16 runs with --algorithm auto, ring or hierarchical, not tree"),
             ("compression-local-sgd", ["--compression", "powersgd", "--local-sgd", "2"],
              "argument --compression: powersgd compresses plain sync steps only, not with --local-sgd 2"),
             ("compression-async", async_ps + ["--compression", "fp16"],

@@ -54,8 +54,9 @@ def problems(args: Any, ranks: int, given: Set[str]) -> Optional[str]:
         if args.dtype != "float32":
             return f"argument --compression: {method} sends float32 values as 16 bits, not --dtype {args.dtype}"
         if args.algorithm != "auto" and args.algorithm not in wire_formats.COMPRESSED:
-            return (f"argument --compression: {method} runs with --algorithm auto or "
-                    f"{', '.join(wire_formats.COMPRESSED)}, not {args.algorithm}")
+            names = ["auto", *wire_formats.COMPRESSED]
+            return (f"argument --compression: {method} runs with --algorithm {', '.join(names[:-1])} or {names[-1]}, "
+                    f"not {args.algorithm}")
         return None
     if args.resume or args.elastic:
         return (f"argument --compression: powersgd keeps per-rank state (error feedback, warm start) that checkpoints "

@@ -3,6 +3,7 @@ reference of the algorithm that simulates every rank in one process: equal to 1e
 averaged gradients bitwise the same on every rank."""
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 from allreduce_kit.compression.powersgd import PowerSGD
 from conftest import assert_quiet, assert_same_everywhere
@@ -62,7 +63,8 @@ def reference(p: int, rank_r: int, start: int, seed: int = 0):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("rank_r", [1, 3])
+@pytest.mark.parametrize("rank_r", [1, pytest.param(3, marks=pytest.mark.skipif(
+    MPI.COMM_WORLD.Get_size() > 4, reason="QR's path: 1-4 ranks show it (the suite is near its limit)"))])
 def test_matches_the_numpy_reference_and_replicas_agree(comm, rank_r):
     p, me = comm.Get_size(), comm.Get_rank()
     # a named algorithm: auto would time candidates at each new size (online tuning), which is not under test

@@ -33,6 +33,7 @@ def model():
 
 
 @pytest.mark.skipif(P < 2, reason="at one rank DistributedOptimizer reduces nothing: its gradients stay the rank's own")
+@pytest.mark.skipif(P > 4, reason="the wiring: 2-4 ranks show it (the suite is near its limit)")
 def test_powersgd_averages_as_the_numpy_state_and_replicas_stay_identical(comm):
     net = model()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), named_parameters=net.named_parameters(),

@@ -2,9 +2,11 @@
 averages plain sync steps compressed, keeps the replicas bitwise identical, and reports the bytes
 each rank sent per step beside what uncompressed would have sent."""
 import pytest
+from mpi4py import MPI
 
 
 @pytest.mark.mpi
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 4, reason="the trainer's wiring: 1-4 ranks show it")
 @pytest.mark.parametrize("method", ["powersgd", "fp16"])
 def test_the_trainer_averages_compressed_keeps_replicas_identical_and_counts_the_bytes(comm, method):
     from allreduce_kit.train import data
