@@ -5,7 +5,7 @@ from typing import Optional
 import numpy as np
 from mpi4py import MPI
 
-from . import config, kernels, online, selection
+from . import compression as _compression, config, kernels, online, selection
 from .algorithms import ALGORITHMS, shared_memory
 from .algorithms import mpi as native
 from .algorithms.signature import mismatch
@@ -84,29 +84,51 @@ def validate(buf, op, algorithm: str, caller: str = "allreduce"):
     return array, name
 
 
-def _signature(buf, op: str, algorithm: str, error: Optional[Exception]) -> np.ndarray:
-    """This rank's call as integers: [failed, length, dtype, op, algorithm], then negated."""
+def validate_compression(buf: np.ndarray, op: str, algorithm: str, compression, caller: str = "allreduce") -> None:
+    """Raise ``TypeError``/``ValueError`` naming the argument if ``compression`` cannot apply to a
+    call that ``validate`` accepted: an unknown name; a 16-bit wire for a buffer other than
+    float32 (float64 and integers are refused: rounding them to 16 bits would throw away what
+    their type is for), for ``op="prod"``, or with an algorithm that cannot compress. Sends nothing."""
+    if not isinstance(compression, str) or compression not in _compression.COMPRESSIONS:
+        raise ValueError(f"{caller}: unknown compression {compression!r}; choose one of "
+                         f"{', '.join(_compression.COMPRESSIONS)}")
+    if compression == "none":
+        return
+    if buf.dtype != np.float32:
+        raise TypeError(f"{caller}: compression={compression!r} takes float32 buffers, but buf is {buf.dtype}; "
+                        f"pass compression='none', or a float32 copy")
+    if op not in _compression.OPS:
+        raise ValueError(f"{caller}: compression={compression!r} does not support op={op!r}; "
+                         f"choose op from {', '.join(_compression.OPS)}, or compression='none'")
+    if algorithm != "auto" and algorithm not in _compression.COMPRESSED:
+        raise ValueError(f"{caller}: algorithm {algorithm!r} does not support compression={compression!r}; "
+                         f"choose 'auto' or one of {', '.join(_compression.COMPRESSED)}")
+
+
+def _signature(buf, op: str, algorithm: str, error: Optional[Exception], compression: str = "none") -> np.ndarray:
+    """This rank's call as integers: [failed, length, dtype, op, algorithm, compression], then negated."""
     if error is not None:
-        fields = [1, 0, 0, 0, 0]
+        fields = [1, 0, 0, 0, 0, 0]
     else:
         names = ["auto", *ALGORITHMS]
-        fields = [0, buf.size, kernels.DTYPES.index(buf.dtype), OPS.index(op), names.index(algorithm)]
+        fields = [0, buf.size, kernels.DTYPES.index(buf.dtype), OPS.index(op), names.index(algorithm),
+                  _compression.COMPRESSIONS.index(compression)]
     return np.array(fields + [-f for f in fields], dtype=np.int64)
 
 
-def _agree(comm, buf, op: str, algorithm: str, error: Optional[Exception]) -> None:
+def _agree(comm, buf, op: str, algorithm: str, error: Optional[Exception], compression: str = "none") -> None:
     """Every rank raises if any rank's call differs from the others' or failed validation.
 
-    The common case costs one ``Allreduce`` (MAX) of ten int64 on the library's communicator:
+    The common case costs one ``Allreduce`` (MAX) of twelve int64 on the library's communicator:
     the maxima of the fields and of their negations agree only if every rank's fields do.
     Only when something differs does a pickled ``allgather`` collect details for the message.
     """
-    signature = _signature(buf, op, algorithm, error)
+    signature = _signature(buf, op, algorithm, error, compression)
     comm.Allreduce(MPI.IN_PLACE, signature, op=MPI.MAX)
     half = signature.size // 2
     if signature[0] == 0 and np.array_equal(signature[:half], -signature[half:]):
         return
-    mine = (type(error).__name__, str(error)) if error else (buf.size, buf.dtype.str, op, algorithm)
+    mine = (type(error).__name__, str(error)) if error else (buf.size, buf.dtype.str, op, algorithm, compression)
     calls = comm.allgather(mine)
     if error is not None:
         raise error
@@ -114,7 +136,7 @@ def _agree(comm, buf, op: str, algorithm: str, error: Optional[Exception]) -> No
     if errors:
         rank, (kind, message) = errors[0]
         raise (TypeError if kind == "TypeError" else ValueError)(f"allreduce(check=True): rank {rank} failed: {message}")
-    for field, name in enumerate(("buf length", "buf dtype", "op", "algorithm")):
+    for field, name in enumerate(("buf length", "buf dtype", "op", "algorithm", "compression")):
         if len({c[field] for c in calls}) > 1:
             per_rank = ", ".join(f"rank {r}: {c[field]!r}" for r, c in enumerate(calls))
             raise ValueError(f"allreduce(check=True): {name} differs between ranks ({per_rank})")
@@ -179,6 +201,19 @@ class Repeat:
         return again
 
 
+def _compressed(lib, buf: np.ndarray, op: str, algorithm: str, compression: str) -> None:
+    """``allreduce`` with a 16-bit wire, the call validated: one rank rounds its buffer only, as
+    every rank's result is 16-bit values."""
+    wire = _compression.WIRES[compression]
+    if buf.size == 0:
+        return
+    if lib.nranks == 1:
+        wire.round(buf)
+        return
+    runs = _compression.choose(lib, buf.nbytes) if algorithm == "auto" else algorithm
+    _compression.COMPRESSED[runs](lib, buf, lib.reductions[op], wire)
+
+
 #: ``[the Repeat used last]`` on ``COMM_WORLD`` (or ``None``): a loop over one buffer finds it
 #: without a lookup (a module's list, read faster than an attribute of the communicator).
 LAST: list = [None]
@@ -186,7 +221,7 @@ LAST: list = [None]
 
 def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
               comm: Optional[MPI.Intracomm] = None, check: Optional[bool] = None,
-              stall_timeout: Optional[float] = None) -> np.ndarray:
+              stall_timeout: Optional[float] = None, compression: str = "none") -> np.ndarray:
     """Reduce ``buf`` across the ranks of ``comm`` in place and return it.
 
     Collective: every rank of ``comm`` (default ``COMM_WORLD``) calls it with a C-contiguous,
@@ -205,13 +240,18 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
 
     While nonblocking calls (``iallreduce``, ...) are in flight, it first waits for them to
     finish (``progress``): collectives reach a communicator in the order the program made them.
+
+    ``compression="fp16"`` or ``"bf16"`` (float32 buffers; ops sum, mean, max, min; ``auto`` or
+    an algorithm in ``compression.COMPRESSED``) sends 16-bit values and folds in float32: the
+    result, bitwise the same on every rank, is made of 16-bit values (docs/compression.md).
     """
     if _TRACING[0] is not None and _TRACING[0].records_here():  # tracing (allreduce_kit/trace): recorded
         return _TRACING[0].collective(allreduce, buf, (), dict(op=op, algorithm=algorithm, comm=comm, check=check,
                                                           stall_timeout=stall_timeout))
     if IN_FLIGHT[0]:
         wait_turn()
-    if check is None and stall_timeout is None and (comm is None or comm is _COMM_WORLD):
+    if (check is None and stall_timeout is None and (comm is None or comm is _COMM_WORLD)
+            and compression == "none"):
         again = LAST[0]
         if again is None or again.ref() is not buf or again.algorithm is not algorithm:
             again = Repeat.find(_world[0], buf, algorithm) if _world else None
@@ -237,6 +277,8 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
                 return buf
     try:
         array, name = validate(buf, op, algorithm)
+        if compression != "none":
+            validate_compression(array, name, algorithm, compression)
         error = None
     except (TypeError, ValueError) as malformed:  # raised here, before anything is sent, unless checked
         if not (check or (check is None and config.read(config.CHECK))):
@@ -256,9 +298,12 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
     INSPECTOR.current = (watch, stall_timeout, algorithm, array, name)
     try:
         if checked and lib.nranks > 1:
-            _agree(lib, array, name, algorithm, error)
+            _agree(lib, array, name, algorithm, error, compression if error is None else "none")
         elif error is not None:
             raise error
+        if compression != "none":
+            _compressed(lib, array if array.ndim == 1 else array.reshape(-1), name, algorithm, compression)
+            return buf
         if lib.nranks == 1 or array.size == 0:
             return buf
         runs, settled = algorithm, None

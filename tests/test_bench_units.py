@@ -177,3 +177,26 @@ def test_exploring_calls_run_as_the_samples_do_and_each_is_checked(monkeypatch):
         left[0], events[:] = 4, []
         calls, wrong = sweep.explore(TwoRanks(), None, 12, call, buf, restore, 2 * x, op, batch=5)
         assert calls == 4 and events == ["restore", "barrier", "call", "barrier"] * 4, op
+
+
+@pytest.mark.parametrize("extra, named", [
+    (["-d", "float64"], "-d/--datatype float64"), (["-o", "prod"], "-o/--op prod"),
+    (["--collective", "allgather"], "--collective allgather"), (["--tune"], "--tune"),
+])
+def test_bench_compression_refuses_what_it_cannot_compress(extra, named, capsys):
+    from allreduce_kit.bench.__main__ import build_parser, check_args
+    parser = build_parser()
+    args = parser.parse_args(["--compression", "fp16", *extra])
+    with pytest.raises(SystemExit) as exited:
+        check_args(parser, args)
+    assert exited.value.code == 2
+    assert f"--compression fp16 cannot go with {named}" in capsys.readouterr().err
+
+
+def test_bench_compression_runs_only_the_algorithms_that_compress():
+    from allreduce_kit.bench.__main__ import build_parser, check_args
+    from allreduce_kit.compression import COMPRESSED
+    parser = build_parser()
+    args = parser.parse_args(["--compression", "bf16"])
+    check_args(parser, args)
+    assert sorted(args.names) == sorted([*COMPRESSED, "auto", "mpi"])

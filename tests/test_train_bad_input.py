@@ -129,6 +129,27 @@ def _cases(tmp_path: Path):
     cases.append(("trace-steps-inverted", ["--trace", str(tmp_path / "t.json"), "--trace-steps", "9:3"],
                   "argument --trace-steps: the window '9:3' is inverted"))
     cases.append(("trace-steps-alone", ["--trace-steps", "0:5"], "argument --trace-steps: needs --trace"))
+    for name, argv, message in (
+            ("compression-rank-without-powersgd", ["--compression-rank", "2"],
+             "argument --compression-rank: only with --compression powersgd"),
+            ("compression-start-without-powersgd", ["--compression", "fp16", "--compression-start", "5"],
+             "argument --compression-start: only with --compression powersgd"),
+            ("compression-rank-above-every-matrix", ["--compression", "powersgd", "--compression-rank", "17"],
+             "argument --compression-rank: 17 is above the smaller side of every weight matrix of this model "
+             "(at most 16)"),
+            ("compression-fp16-float64", ["--compression", "fp16", "--dtype", "float64"],
+             "argument --compression: fp16 sends float32 values as 16 bits, not --dtype float64"),
+            ("compression-bf16-algorithm", ["--compression", "bf16", "--algorithm", "tree"],
+             "argument --compression: bf16 runs with --algorithm auto, ring or hierarchical, not tree"),
+            ("compression-local-sgd", ["--compression", "powersgd", "--local-sgd", "2"],
+             "argument --compression: powersgd compresses plain sync steps only, not with --local-sgd 2"),
+            ("compression-pipeline", ["--compression", "fp16", "--pipeline", "2"],
+             "argument --compression: fp16 compresses plain sync steps only, not with --pipeline 2"),
+            ("trace-pipeline", ["--pipeline", "2", "--trace", str(tmp_path / "t.json")],
+             "argument --trace: not with --pipeline"),
+            ("compression-async", async_ps + ["--compression", "fp16"],
+             "argument --compression: fp16 compresses plain sync steps only, not with --mode async-ps")):
+        cases.append((name, argv, message))
     return [(name, QUICK + argv, message) for name, argv, message in cases]
 
 

@@ -7,6 +7,7 @@ of median times to MPI's, per size.
 
   mpiexec -n 4 python -m allreduce_kit.bench -b 8 -e 64M -f 2
   mpiexec -n 4 python -m allreduce_kit.bench --collective reduce_scatter   # or allgather, broadcast
+  mpiexec -n 4 python -m allreduce_kit.bench --compression fp16   # 16-bit messages beside MPI's float32 call
   mpiexec -n 4 python -m allreduce_kit.bench --tune          # crossover points for auto
   python -m allreduce_kit.bench --fit p2.json p4.json p8.json  # fit alpha, beta, gamma
   mpiexec -n 2 python -m allreduce_kit.bench --overlap        # iallreduce of 16 MiB behind 20 ms of numpy
@@ -26,7 +27,7 @@ from typing import List, Optional  # noqa: E402
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-from .. import config, kernels, online, selection, stall  # noqa: E402
+from .. import compression as wire_formats, config, kernels, online, selection, stall  # noqa: E402
 from ..cli import settings_problem  # noqa: E402
 from ..algorithms import direct
 from ..cli import RankZeroParser, output_problem, outputs_problem, plural, say, write_json
@@ -82,6 +83,9 @@ def build_parser() -> RankZeroParser:
                         help="which collective to measure; sizes and busbw as nccl-tests define them for it "
                              "(reduce_scatter, allgather: size is the whole buffer, busbw = algbw (p-1)/p; "
                              "broadcast: busbw = algbw)")
+    parser.add_argument("--compression", default="none", choices=wire_formats.COMPRESSIONS,
+                        help="send 16-bit values (float32, ops sum, mean, max, min): every algorithm that can, "
+                             "and auto; mpi stays MPI's own float32 Allreduce")
     parser.add_argument("--root", type=int, default=0, help="--collective broadcast: the rank it broadcasts from")
     parser.add_argument("-b", "--minbytes", default="4", help="smallest message, bytes per rank (K, M, G suffixes)")
     parser.add_argument("-e", "--maxbytes", default="64M", help="largest message, bytes per rank")
@@ -156,6 +160,16 @@ def check_args(parser: RankZeroParser, args) -> None:
                 parser.error(f"{flag} is for --collective allreduce only")
         if args.collective != "reduce_scatter" and args.op != "sum":
             parser.error(f"-o/--op: --collective {args.collective} reduces nothing")
+    if args.compression != "none":
+        for flag, value, wrong in (("--collective", args.collective, args.collective != "allreduce"),
+                                   ("-d/--datatype", args.datatype, args.datatype != "float32"),
+                                   ("-o/--op", args.op, args.op not in wire_formats.OPS),
+                                   ("--tune", "", args.tune), ("--overlap", "", args.overlap is not None),
+                                   ("--kernel", args.kernel, args.kernel != "numba")):
+            if wrong:
+                parser.error(f"--compression {args.compression} cannot go with {flag} {value}".rstrip()
+                             + f": it compresses allreduce of float32 with op {', '.join(wire_formats.OPS)}")
+        names = [n for n in names if n in wire_formats.COMPRESSED or n in ("auto", "mpi")]
     if args.root != 0 and args.collective != "broadcast":
         parser.error("--root is for --collective broadcast only")
     if not 0 <= args.root < MPI.COMM_WORLD.Get_size():
@@ -287,7 +301,7 @@ def preamble(comm: MPI.Intracomm, args, threads: int, auto_source: str, tuning: 
         "step_factor": args.stepfactor, "warmup": args.warmup_iters, "samples": args.iters,
         "batch": args.batch or f"auto: calls fitting in {SAMPLE_SECONDS * 1e3:g} ms at the fastest warm-up pace of the size, 1..{MAX_BATCH}", "algorithms": args.names,
         "auto_table": auto_source,
-        "online_tuning": tuning,
+        "online_tuning": tuning, "compression": args.compression,
         "timing": "per sample: restore input (untimed), barrier, then batch back-to-back calls, barrier (untimed); time per call = "
                   "slowest rank's; median, min and max over samples",
     }
@@ -300,6 +314,9 @@ def preamble(comm: MPI.Intracomm, args, threads: int, auto_source: str, tuning: 
         f" back to back, then a barrier again (untimed)")
     say("# time = the slowest rank's time per call: median, min and max over samples. algbw = size / time, "
         "busbw = algbw * 2(p-1)/p")
+    if args.compression != "none":
+        say(f"# compression {args.compression}: every row but mpi sends 16-bit values (size counts the float32 "
+            f"buffer), #wrong against MPI's result rounded to {args.compression}; mpi = MPI's float32 Allreduce")
     mpi_row = ("allreduce(algorithm='mpi'), as auto would call it (--tune)" if args.tune
                else "mpi4py's Allreduce called directly")
     info["mpi_row"] = mpi_row
@@ -428,7 +445,8 @@ def _measure(argv: Optional[List[str]] = None) -> int:
 
     say(output.header(link=link_bits is not None))
     rows = sweep(comm, sizes, dtype, args.op, args.names, args.iters, args.warmup_iters, args.batch,
-                 on_row=lambda row: say(output.line(row, link_pct(row))), mpi_direct=not args.tune)
+                 on_row=lambda row: say(output.line(row, link_pct(row))), mpi_direct=not args.tune,
+                 compression=args.compression)
     table = ratios(rows)
     say(output.summary(table))
     wrong = sum(row.wrong for row in rows)

@@ -6,7 +6,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from .. import kernels
+from .. import compression as wire_formats, kernels
 from ..algorithms import ALGORITHMS
 from ..algorithms.mpi import MPI_OPS
 from ..collective import allreduce
@@ -36,6 +36,7 @@ class Row:
     batch: int         #: calls per timed sample
     explored: int = 0  #: ``auto``'s calls exploring (online tuning) before its warm-up, checked like the first
     trials: Optional[dict] = None  #: ``auto``: what its exploration measured (``online.report``), if it explored
+    compression: str = "none"  #: what the call sent (``mpi``'s row: always its own dtype, ``none``)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -58,24 +59,30 @@ def reference(comm: MPI.Intracomm, x: np.ndarray, op: str) -> np.ndarray:
 
 
 def make_call(name: str, buf: np.ndarray, op: str, comm: MPI.Intracomm,
-              mpi_direct: bool = True) -> Callable[[], object]:
+              mpi_direct: bool = True, compression: str = "none") -> Callable[[], object]:
     """The timed call. ``mpi`` is mpi4py's ``Allreduce`` called directly, without ``allreduce``'s
     validation, so MPI pays no overhead of ours while our algorithms pay all of it; with
     ``mpi_direct=False`` (``--tune``) it goes through ``allreduce`` like the others, as ``auto``
-    would call it, so that the candidates compete on equal terms."""
+    would call it, so that the candidates compete on equal terms. ``compression`` goes to every
+    call but ``mpi``'s, which stays MPI's own uncompressed call: the yardstick."""
     if name == "mpi" and mpi_direct:
         lib, mpi_op = library_comm(comm), MPI_OPS["sum" if op == "mean" else op]
         if op == "mean":
             red = lib.reductions[op]
             return lambda: (lib.Allreduce(MPI.IN_PLACE, buf, op=mpi_op), red.finish(buf))
         return lambda: lib.Allreduce(MPI.IN_PLACE, buf, op=mpi_op)
+    if compression != "none" and name != "mpi":
+        return lambda: allreduce(buf, op=op, algorithm=name, comm=comm, compression=compression)
     return lambda: allreduce(buf, op=op, algorithm=name, comm=comm)
 
 
 def sweep(comm: MPI.Intracomm, sizes: Sequence[int], dtype: np.dtype, op: str, algorithms: Sequence[str],
           samples: int, warmup: int, batch: int = 0,
-          on_row: Optional[Callable[[Row], None]] = None, mpi_direct: bool = True) -> List[Row]:
-    """Check then time every algorithm at every size; every rank returns the same rows."""
+          on_row: Optional[Callable[[Row], None]] = None, mpi_direct: bool = True,
+          compression: str = "none") -> List[Row]:
+    """Check then time every algorithm at every size; every rank returns the same rows. With
+    ``compression``, every algorithm but ``mpi`` sends 16-bit values and is checked against MPI's
+    result rounded to them (the inputs are small integers: their sums are exact in 16 bits)."""
     p, rank = comm.Get_size(), comm.Get_rank()
     lib = library_comm(comm)
     rows: List[Row] = []
@@ -83,15 +90,16 @@ def sweep(comm: MPI.Intracomm, sizes: Sequence[int], dtype: np.dtype, op: str, a
         count = size // dtype.itemsize
         x = local_input(count, dtype, op, rank)
         expected = reference(lib, x, op)
+        compressed = expected if compression == "none" else wire_formats.WIRES[compression].round(expected.copy())
         buf = np.empty_like(x)
         restore = lambda: np.copyto(buf, x)  # noqa: E731
         timed, wrong, explored = {}, {}, 0
         for name in algorithms:
-            call = timed[name] = make_call(name, buf, op, comm, mpi_direct)
+            call = timed[name] = make_call(name, buf, op, comm, mpi_direct, compression)
             restore()
             call()  # the first call compiles or loads kernels and allocates scratch: untimed
-            wrong[name] = int(np.count_nonzero(buf != expected))
-            if name == "auto":  # auto's exploration ends before its warm-up
+            wrong[name] = int(np.count_nonzero(buf != (expected if name == "mpi" else compressed)))
+            if name == "auto" and compression == "none":  # auto's exploration ends before its warm-up
                 explored, more = explore(comm, lib, size, call, buf, restore, expected, op, batch)
                 wrong[name] += more
         wrong = dict(zip(algorithms, comm.allreduce(np.array([wrong[n] for n in algorithms]), op=MPI.SUM).tolist()))
@@ -100,10 +108,13 @@ def sweep(comm: MPI.Intracomm, sizes: Sequence[int], dtype: np.dtype, op: str, a
             t = times[name] * 1e6
             median = float(np.median(t))
             algbw = size / median / 1e3 if median > 0 else 0.0
-            chosen = selection.choose_for(lib, size) if name == "auto" else name
+            chosen = name
+            if name == "auto":
+                chosen = selection.choose_for(lib, size) if compression == "none" else wire_formats.choose(lib, size)
             row = Row(size, count, dtype.name, op, name, chosen, p, median, float(t.min()), float(t.max()),
                       algbw, algbw * 2 * (p - 1) / p, wrong[name], samples, batches[name],
-                      explored if name == "auto" else 0, online.report(lib, size) if name == "auto" else None)
+                      explored if name == "auto" else 0, online.report(lib, size) if name == "auto" else None,
+                      "none" if name == "mpi" else compression)
             rows.append(row)
             if on_row:
                 on_row(row)

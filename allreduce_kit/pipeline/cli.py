@@ -23,7 +23,7 @@ OPTIONS = ("micro_batches", "schedule", "virtual_stages", "split", "placement")
 REFUSED = {"zero": "--zero", "elastic": "--elastic", "backup_workers": "--backup-workers",
            "local_sgd": "--local-sgd", "accum_steps": "--accum-steps", "checkpoint_dir": "--checkpoint-dir",
            "resume": "--resume", "jitter_ms": "--jitter-ms", "inject_nan": "--inject-nan", "plot": "--plot",
-           "bench_allreduce": "--bench-allreduce"}
+           "bench_allreduce": "--bench-allreduce", "trace": "--trace"}
 
 
 def _split(text: str):

@@ -34,7 +34,7 @@ from mpi4py import MPI
 
 from ..stall import INSPECTOR
 from . import mpi_ops, shared_buckets, tensors
-from .compression import Compression, check_compression
+from .compression import Compression, PowerSGDCompressor, check_compression
 from .process_sets import ProcessSet, check_process_set, global_process_set
 from .timing import Timing
 
@@ -277,9 +277,17 @@ class _DistributedOptimizer:
         scaled = self._predivide != 1.0
         if scaled:
             flat.mul_(1.0 / self._predivide)
-        compressed, ctx = self._compression.compress(flat)
+        if isinstance(self._compression, PowerSGDCompressor):  # op Average, no predivide: checked
+            s = mpi_ops.state()
+            self._compression.average(k, bucket.params, bucket.views,
+                                      lambda a: mpi_ops.allreduce_array(a, op="sum", comm=s.dup, check=False), s.size)
+            compressed, ctx = None, None
+        else:
+            compressed, ctx = self._compression.compress(flat)
         op = mpi_ops.Sum if scaled else self._op
-        if compressed is flat and bucket.shared is not None:
+        if compressed is None:  # averaged above
+            pass
+        elif compressed is flat and bucket.shared is not None:
             bucket.shared.reduce(k, op, "DistributedOptimizer")
         elif compressed is flat:  # the same length and dtype on every rank: the parameters were compared
             mpi_ops.reduce_(flat, op, "DistributedOptimizer", agreed=True)
@@ -503,6 +511,9 @@ def _checked_arguments(compression, backward_passes_per_step, op, gradient_predi
         raise ValueError(f"{caller}: gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
     if predivide != 1.0 and name != mpi_ops.Average:
         raise ValueError(f"{caller}: gradient_predivide_factor applies to op=Average only")
+    if isinstance(compression, PowerSGDCompressor) and (name != mpi_ops.Average or predivide != 1.0):
+        raise ValueError(f"{caller}: compression=Compression.powersgd averages: op must be Average and "
+                         f"gradient_predivide_factor 1")
     if bucket_mb is not None:
         if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)):
             raise TypeError(f"{caller}: bucket_mb must be a number of MB (10^6 bytes), got {type(bucket_mb).__name__}")
@@ -569,7 +580,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         raise ValueError(f"{caller}: optimizer is already a DistributedOptimizer")
 
     def validate():
-        return _named(optimizer, named_parameters), _checked_arguments(
+        named = _named(optimizer, named_parameters)
+        if isinstance(compression, PowerSGDCompressor):
+            compression.check([tuple(p.shape) for _, p in named], caller)
+        return named, _checked_arguments(
             compression, backward_passes_per_step, op, gradient_predivide_factor, bucket_mb, overlap)
 
     def describe(value) -> Dict[str, Any]:

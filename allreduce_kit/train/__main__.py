@@ -38,6 +38,7 @@ from ..launch import check_launch
 from ..threads import limit_threads
 from . import checkpoint, elastic, injob, modes, report, resize, sharding
 from ..pipeline import cli as pipeline_cli            # --pipeline S: model parallelism (docs/pipeline.md)
+from . import compressed
 from ..memory import available_bytes
 from ..trace import session as trace_session
 from ..trace.session import TraceError, steps_window
@@ -175,6 +176,7 @@ def build_parser() -> RankZeroParser:
     elastic.add_arguments(p)                           # --elastic, -n, --min-ranks, --mpiexec
     sharding.add_arguments(p)                          # --zero, --optimizer
     pipeline_cli.add_arguments(p, _at_least)           # --pipeline, --micro-batches, --schedule, ...
+    compressed.add_arguments(p, _at_least)             # --compression, --compression-rank, --compression-start
     return p
 
 
@@ -341,6 +343,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     problem = comm.bcast(settings_problem() or pipeline_cli.problems(args, comm.Get_size(), given)
                          or async_main.other_mode_problem(args, given)
                          or modes.problems(args, comm.Get_size(), given)
+                         or compressed.problems(args, comm.Get_size(), given)
                          or sharding.problems(args, comm.Get_size(), given, per_node, available_bytes())
                          or _problems(args, comm.Get_size()) or _reliability_problems(args, comm.Get_size())
                          or async_main.problems(args, comm.Get_size()), root=0)
@@ -397,6 +400,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if modes.header(config, ranks):
         say(modes.header(config, ranks))
     say(sharding.header(trainer))
+    if compressed.header(trainer):
+        say(compressed.header(trainer))
 
     bar = None
     use_bar = is_root() and (args.progress == "bar" or (args.progress == "auto" and sys.stderr.isatty()))
@@ -456,6 +461,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         if result["bucket_algorithms"] != trainer.bucket_algorithms:
             say(f"algorithm {_algorithm_note(config.algorithm, result['bucket_algorithms'])} once it had tuned online "
                 f"(ALLREDUCE_KIT_ONLINE_TUNING; docs/auto.md)")
+        if result["compression"]["method"] != "none":
+            c = result["compression"]
+            say(f"compression {c['method']}: {c['bytes_sent_per_step'] / 1e3:,.1f} kB sent per rank per step, against "
+                f"{c['uncompressed_bytes_per_step'] / 1e3:,.1f} kB uncompressed: ratio {c['ratio']:.2f}")
         if result["skipped_steps"]:
             say(f"skipped the update of {len(result['skipped_steps'])} step(s) with a non-finite averaged gradient "
                 f"(--on-nonfinite skip): {result['skipped_steps'][:20]}")

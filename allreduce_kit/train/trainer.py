@@ -20,7 +20,7 @@ from ..collective import allreduce
 from ..comm import library_comm
 from ..params import average_buffer, bucket_bounds, broadcast_parameters
 from ..trace.recorder import ACTIVE, CURRENT as TRACE
-from . import checkpoint, data, modes, resize
+from . import checkpoint, compressed, data, modes, resize
 from .signals import StopSignals, stop_if_asked
 from .model import MLP
 from .optimizer import OPTIMIZERS, learning_rate, make_optimizer
@@ -66,6 +66,9 @@ class Config:
     on_resize: str = "keep-batch"                     # or "rescale-lr" (resize.py)
     optimizer: str = "sgd"                            # or "adam" (optimizer.py)
     zero: int = 0                                     # sharded data parallelism, stages 1-3 (sharding.py)
+    compression: str = "none"                         # or fp16, bf16, powersgd (compressed.py)
+    compression_rank: int = 1                         # powersgd: matrix_approximation_rank
+    compression_start: int = 1000                     # powersgd: start_powerSGD_iter
 
     def as_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -132,6 +135,7 @@ class Trainer:
                                                                            config.batch_size))
         self.model = MLP(self.data.features, config.hidden, self.data.classes, dtype=config.dtype,
                          buffers=config.zero < 3)
+        compressed.check(config, self.model.shapes)      # before any message
         #: What the model's passes take their parameters from and give their gradients to (None: its
         #: own buffers; sharding.py at --zero 2 and 3).
         self.layers = None
@@ -191,6 +195,7 @@ class Trainer:
         #: online tuning may settle on another, which ``results`` reports).
         self.bucket_algorithms = self._algorithms_ran()
         self.strategy = modes.strategy_for(self)         # backup workers or local SGD; None: plain sync
+        self.compressed = compressed.for_trainer(self)   # --compression; None: average_buffer
 
     def _algorithms_ran(self) -> List[str]:
         if self.ranks == 1:
@@ -226,11 +231,14 @@ class Trainer:
             if tracer is not None:
                 tracer.step(traced_step, t0, time.perf_counter(), (("forward_backward", t0, t1),))
             return loss, correct
-        average_buffer(self.model.grads, bucket_mb=self.config.bucket_mb, comm=self.comm,
-                       algorithm=self.config.algorithm)
+        if self.compressed is not None:
+            self.sent += self.compressed.average()
+        else:
+            average_buffer(self.model.grads, bucket_mb=self.config.bucket_mb, comm=self.comm,
+                           algorithm=self.config.algorithm)
+            self.sent += self.sent_by_allreduce(self.model.grads.nbytes)
         self.traffic[0] += self.buckets
         self.traffic[1] += self.model.grads.nbytes
-        self.sent += self.sent_by_allreduce(self.model.grads.nbytes)
         t2 = time.perf_counter()
         # Every rank holds bitwise the same average, so every rank reaches the same verdict here
         # without another message.
@@ -355,6 +363,7 @@ class Trainer:
                                                                                dtype=np.float64)) / self.ranks,
                                                  samples, self.step - self.first_step),
             "memory": self.memory(),
+            "compression": compressed.report(self),
         }
         if records is not None:
             out["straggler"] = analyse(records, self.hosts)

@@ -1,0 +1,66 @@
+"""PowerSGD's pieces that need no MPI job: which matrices gain, orthogonalization, the argument
+checks, and one rank's step (a sum over one rank is the identity) against the closed form."""
+import numpy as np
+import pytest
+
+from allreduce_kit.compression.powersgd import PowerSGD, matrix_shape, orthogonalize, should_compress
+
+
+def test_a_matrix_is_compressed_only_where_the_factors_are_less_than_half_of_it():
+    assert should_compress(64, 128, 21, 2) and not should_compress(64, 128, 22, 2)   # 192 R x 2 < 8192
+    assert not should_compress(12, 1, 1, 2), "a bias seen as k x 1 never gains"
+    assert matrix_shape((5,)) == (5, 1) and matrix_shape((4, 3, 2)) == (4, 6)
+
+
+@pytest.mark.parametrize("r", [1, 2, 3])
+def test_orthogonalize_makes_orthonormal_columns_spanning_the_same_space(r):
+    a = np.random.default_rng(r).standard_normal((9, r)).astype(np.float32)
+    q = a.copy()
+    orthogonalize(q)
+    np.testing.assert_allclose(q.T @ q, np.eye(r), atol=1e-5)
+    np.testing.assert_allclose(q @ (q.T @ a), a, atol=1e-5)
+
+
+def test_a_column_of_zeros_stays_zeros_instead_of_nan():
+    q = np.zeros((4, 2), np.float32)
+    q[:, 1] = 1
+    orthogonalize(q)
+    assert np.isfinite(q).all() and not q[:, 0].any()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"matrix_approximation_rank": 0}, "matrix_approximation_rank must be an integer >= 1, got 0"),
+    ({"matrix_approximation_rank": 9}, "matrix_approximation_rank 9 is above the smaller side of every gradient "
+                                       "matrix (at most 8 here)"),
+    ({"start_powerSGD_iter": -1}, "start_powerSGD_iter must be an integer >= 0, got -1"),
+    ({"min_compression_rate": 0}, "min_compression_rate must be > 0"),
+])
+def test_bad_arguments_name_themselves(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        PowerSGD([(8, 20), (20,)], lambda a: None, 1, **kwargs)
+
+
+def test_one_rank_step_is_the_rank_r_projection_and_the_error_is_what_it_lost():
+    """At one rank, the first compressed step replaces M by P P^T M (P spans M Q) and keeps M - that."""
+    rng = np.random.default_rng(0)
+    m = rng.standard_normal((30, 20)).astype(np.float32)
+    bias = rng.standard_normal(20).astype(np.float32)
+    state = PowerSGD([m.shape, bias.shape], lambda a: None, 1, matrix_approximation_rank=2, start_powerSGD_iter=0)
+    grads = [m.copy(), bias.copy()]
+    state.average(grads)
+    assert np.array_equal(grads[1], bias), "the bias goes uncompressed"
+    q = np.random.default_rng(np.random.RandomState(0).randint(1_000_000_000)).standard_normal((20, 2)).astype(np.float32)
+    orthogonalize(q)
+    p = m @ q
+    orthogonalize(p)
+    np.testing.assert_allclose(grads[0], p @ (m.T @ p).T, atol=1e-5)
+    np.testing.assert_allclose(state.error[:m.size].reshape(m.shape), m - grads[0], atol=1e-6)
+    assert state.elements_sent() == 20 + (30 + 20) * 2
+
+
+def test_average_refuses_gradients_of_other_shapes_or_not_contiguous():
+    state = PowerSGD([(8, 20)], lambda a: None, 1)
+    with pytest.raises(ValueError, match="grads must have the shapes"):
+        state.average([np.zeros((20, 8), np.float32)])
+    with pytest.raises(ValueError, match=r"grads\[0\] must be a writable C-contiguous float32 array"):
+        state.average([np.zeros((20, 8), np.float32).T])
