@@ -8,7 +8,12 @@ lies in all of them, so in their intersection, whose middle is the estimate and 
 width the uncertainty: at most half the shortest round trip, and less where rounds delayed on
 different legs pin it from both sides. Measured at the start and at the end of a run, the two
 offsets give the drift between them, corrected linearly (``Alignment.to_reference``).
+
+The ranks not being measured wait asleep (``_wait_asleep``), before their turn and after it
+until rank 0 has measured every rank: where ranks share cores, a rank that spins in a blocking
+receive takes a core from the two whose round trips set the bound.
 """
+import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
@@ -22,6 +27,8 @@ MAX_ROUNDS = 400
 TARGET_NS = 4_000
 MAX_NS = 50_000_000
 _TAG = 48
+#: Seconds between checks of a rank waiting asleep for its turn or for the end.
+_NAP = 0.0002
 
 
 @dataclass(frozen=True)
@@ -39,12 +46,13 @@ def measure(comm: MPI.Intracomm, clock: Callable[[], int]) -> Optional["Sample"]
     ping = np.ones(1, dtype=np.int64)            # 1: reply; 0: done
     pong = np.zeros(1, dtype=np.int64)
     if rank != 0:
-        while True:
-            comm.Recv(ping, source=0, tag=_TAG)
-            if ping[0] == 0:
-                return None
+        _wait_asleep(comm, ping)                 # this rank's turn
+        while ping[0] != 0:
             pong[0] = clock()
             comm.Send(pong, dest=0, tag=_TAG)
+            comm.Recv(ping, source=0, tag=_TAG)
+        _wait_asleep(comm, ping)                 # every rank measured
+        return None
     at = np.zeros(p, dtype=np.int64)
     offset = np.zeros(p, dtype=np.float64)
     spread = np.zeros(p, dtype=np.int64)
@@ -71,7 +79,16 @@ def measure(comm: MPI.Intracomm, clock: Callable[[], int]) -> Optional["Sample"]
         if low > high:       # the intervals disagree (a clock stepped): the shortest round alone
             low, high = shortest
         at[peer], offset[peer], spread[peer] = tr, (low + high) / 2, high - low
+    for peer in range(1, p):
+        comm.Send(ping, dest=peer, tag=_TAG)
     return Sample(at, offset, spread)
+
+
+def _wait_asleep(comm: MPI.Intracomm, buf: np.ndarray) -> None:
+    """Receive rank 0's next word into ``buf``, sleeping between checks instead of spinning."""
+    request = comm.Irecv(buf, source=0, tag=_TAG)
+    while not request.Test():
+        time.sleep(_NAP)
 
 
 @dataclass(frozen=True)
