@@ -247,7 +247,7 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
     """
     if _TRACING[0] is not None and _TRACING[0].records_here():  # tracing (allreduce_kit/trace): recorded
         return _TRACING[0].collective(allreduce, buf, (), dict(op=op, algorithm=algorithm, comm=comm, check=check,
-                                                          stall_timeout=stall_timeout))
+                                                          stall_timeout=stall_timeout, compression=compression))
     if IN_FLIGHT[0]:
         wait_turn()
     if (check is None and stall_timeout is None and (comm is None or comm is _COMM_WORLD)

@@ -65,9 +65,10 @@ def test_a_traced_run_writes_one_file_with_every_call_on_rank_0s_clock(comm):
         broadcast(buf, root=p - 1, comm=comm)
         handle = iallreduce(np.ones(8, dtype=np.int64), comm=comm)
         handle.wait()
-        allreduce(np.zeros(1), comm=comm)
+        halves = allreduce(np.full(5, 0.1, np.float32), comm=comm, compression="fp16")  # a traced call keeps every argument
     finally:
         written = session.finish()
+    assert np.array_equal(halves, allreduce(np.full(5, 0.1, np.float32), comm=comm, compression="fp16"))
     assert recorder.ACTIVE[0] is None and recorder.CURRENT[0] is None and not session.tracing()
     if rank != 0:
         assert written is None
