@@ -95,7 +95,7 @@ def run_model(name: str, args, comm, sibling) -> Dict:
     models = {v: sibling.mlp(spec["layers"]) for v in VERSIONS}
     for model in models.values():
         model.load_state_dict(reference.state_dict())
-    adam = {"lr": 1e-4}
+    adam = {"lr": 1e-4, **({"fused": True} if args.fused else {})}
     ddp = torch.nn.parallel.DistributedDataParallel(models["torch_zero"])
     from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
     sharded = hvd.fully_shard(models["fully_shard"], prefetch=args.prefetch)
@@ -126,11 +126,12 @@ def run_model(name: str, args, comm, sibling) -> Dict:
              for v, at_most in TARGETS.items()}
     return {"model": name, "layers": list(spec["layers"]), "parameters": sum(p.numel() for p in reference.parameters()),
             "batch_per_rank": batch, "steps": steps, "warmup": warmup, "rounds": args.rounds,
-            "prefetch": args.prefetch, "versions": rows, "targets": goals}
+            "prefetch": args.prefetch, "fused_adam": args.fused, "versions": rows, "targets": goals}
 
 
 def lines(result: Dict, ranks: int) -> List[str]:
-    out = [f"{result['model']} ({result['parameters']:,d} parameters), Adam, batch {result['batch_per_rank']} per rank, "
+    adam = "Adam (fused=True)" if result["fused_adam"] else "Adam"
+    out = [f"{result['model']} ({result['parameters']:,d} parameters), {adam}, batch {result['batch_per_rank']} per rank, "
            f"{ranks} ranks; median of {result['rounds']} x {result['steps']} steps, and wall per step:"]
     for v, row in result["versions"].items():
         text = (f"  {v:<12} step {row['step_ms_p50']:9.3f} ms  wall {row['step_ms_wall']:9.3f} ms"
@@ -162,6 +163,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads per rank (default: this rank's share of its node's cores)")
     parser.add_argument("--address", default="", help="Gloo's rendezvous address (default: rank 0's host name)")
+    parser.add_argument("--fused", action="store_true",
+                        help="every version's Adam (PyTorch's too) with fused=True, torch's one-pass CPU kernel")
     parser.add_argument("--json", metavar="PATH", help="also write every figure and the targets as JSON to PATH")
     args = parser.parse_args()
     bad = [f"--{name} must be >= 1" for name, value in (("rounds", args.rounds),) if value < 1]

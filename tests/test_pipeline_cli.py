@@ -3,6 +3,7 @@ figures, and every command line it refuses: one message from rank 0, exit status
 rank, no traceback. All in one 2-rank job (``bad_options_driver.py``); ``python -m
 allreduce_kit.pipeline show`` runs in this process (no MPI)."""
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ REFUSED = [
     (P2 + ["--mode", "async-ps"], "argument --pipeline: not with --mode async-ps (a pipeline run is synchronous)"),
     *[(P2 + extra, f"argument {extra[0]}: not with --pipeline (docs/pipeline.md lists what combines)")
       for extra in (["--zero", "1"], ["--backup-workers", "1"], ["--local-sgd", "2"], ["--accum-steps", "2"],
-                    ["--checkpoint-dir", "ckpt"], ["--elastic"], ["--jitter-ms", "1"])],
+                    ["--elastic"], ["--jitter-ms", "1"])],
 ]
 
 
@@ -38,12 +39,13 @@ REFUSED = [
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pipeline_cli")
     good = QUICK + ["--hidden", "16,8", "--pipeline", "2", "--micro-batches", "4", "--schedule", "1f1b",
-                    "--straggler", "1:1", "--json", str(tmp / "run.json")]
+                    "--straggler", "1:1", "--json", str(tmp / "run.json"), "--checkpoint-dir", str(tmp / "ckpt")]
     (tmp / "cases.json").write_text(json.dumps([good] + [QUICK + argv for argv, _ in REFUSED]))
     result = run_mpi(2, [TESTS / "bad_options_driver.py", tmp / "cases.json", tmp / "out.json"], timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     records = json.loads((tmp / "out.json").read_text())
-    return records[0], json.loads((tmp / "run.json").read_text()), records[1:]
+    return records[0], {**json.loads((tmp / "run.json").read_text()), "saved": sorted(os.listdir(tmp / "ckpt"))}, \
+        records[1:]
 
 
 def test_a_pipeline_run_trains_and_reports_idle_share_and_peak_live_per_stage(runs):
@@ -60,6 +62,8 @@ def test_a_pipeline_run_trains_and_reports_idle_share_and_peak_live_per_stage(ru
     assert payload["steps"] == 2 and payload["replicas_identical"]
     assert pipe["straggler_stage"] == 1 and "the straggler holds stage 1" in out
     assert payload["config"]["pipeline"] == 2
+    assert payload["saved"] == ["checkpoint-000000002.npz", "checkpoint-000000002.shards"]   # --checkpoint-dir
+    assert payload["resumed_from"] is None
 
 
 @pytest.mark.parametrize("index", range(len(REFUSED)))

@@ -4,8 +4,8 @@
 A pipeline run is synchronous (``--mode sync``) and plain: what does not combine with it is
 refused with one message naming the option (``problems``): ``--zero``, ``--mode async-ps``,
 ``--elastic``, ``--backup-workers``, ``--local-sgd``, ``--accum-steps`` (the micro-batches are
-the accumulation), checkpoints (``--checkpoint-dir``, ``--resume``), ``--jitter-ms``,
-``--inject-nan``, ``--plot`` and ``--bench-allreduce``.
+the accumulation), ``--jitter-ms``, ``--inject-nan``, ``--plot`` and ``--bench-allreduce``.
+Checkpoints are per stage (``checkpoint.py``).
 """
 import argparse
 import sys
@@ -21,8 +21,7 @@ from .stage import check_split
 OPTIONS = ("micro_batches", "schedule", "virtual_stages", "split", "placement")
 #: Options that do not combine with --pipeline: destination -> how it reads when given.
 REFUSED = {"zero": "--zero", "elastic": "--elastic", "backup_workers": "--backup-workers",
-           "local_sgd": "--local-sgd", "accum_steps": "--accum-steps", "checkpoint_dir": "--checkpoint-dir",
-           "resume": "--resume", "jitter_ms": "--jitter-ms", "inject_nan": "--inject-nan", "plot": "--plot",
+           "local_sgd": "--local-sgd", "accum_steps": "--accum-steps", "jitter_ms": "--jitter-ms", "inject_nan": "--inject-nan", "plot": "--plot",
            "bench_allreduce": "--bench-allreduce", "trace": "--trace"}
 
 
@@ -94,8 +93,10 @@ def problems(args: Any, ranks: int, given: Set[str]) -> Optional[str]:
 
 def main(args: Any, config: Any, threads: int, yield_note: str, comm: Any, parser: Any, started: float) -> int:
     """The pipeline run (every rank); rank 0 prints, and writes ``--json``."""
+    from ..train.checkpoint import CheckpointError
+    from ..train.signals import STOPPED_STATUS, StopSignals, Stopped
     from ..train.summary import build_summary, summary_lines
-    from ..train.trainer import NonFiniteError
+    from ..train.trainer import NonFiniteError, ResumeError
     from .train import PipelineError, PipelineSettings, PipelineTrainer
 
     settings = PipelineSettings(args.pipeline, args.micro_batches, args.schedule, args.virtual_stages,
@@ -105,6 +106,9 @@ def main(args: Any, config: Any, threads: int, yield_note: str, comm: Any, parse
     except PipelineError as error:
         say(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
+    except ResumeError as error:
+        say(f"{parser.prog}: {error}", file=sys.stderr)
+        return 1
     s = trainer.settings
     d = trainer.data
     say(f"allreduce_kit.train: {plural(trainer.ranks, 'rank')}, {plural(threads, 'thread')} per rank, {yield_note}")
@@ -115,6 +119,8 @@ def main(args: Any, config: Any, threads: int, yield_note: str, comm: Any, parse
         f"{plural(s.micro_batches, 'micro-batch', 'micro-batches')} of a {trainer.config.batch_size}-sample batch "
         f"per replica; model {trainer.model.describe()}, layers per stage "
         + " ".join(f"[{a}, {b})" for a, b in trainer.bounds))
+    if trainer.resumed_from:
+        say(f"resumed from {trainer.resumed_from} at step {trainer.step}")
     if config.straggler:
         say(f"injected straggler: rank {config.straggler[0]} +{config.straggler[1]:g} ms per step")
 
@@ -122,12 +128,17 @@ def main(args: Any, config: Any, threads: int, yield_note: str, comm: Any, parse
         say(f"epoch {m['epoch']:>3}/{config.epochs}  loss {m['loss']:.4f}  train {100 * m['train_accuracy']:.2f}%  "
             f"test {100 * m['test_accuracy']:.2f}%  {m['seconds']:.2f} s")
 
+    if config.checkpoint_dir:                            # SIGTERM/SIGUSR1: save at the next step boundary, exit 75
+        trainer.stop = StopSignals(comm)
     try:
         result = trainer.run(on_epoch=on_epoch)
-    except NonFiniteError as error:
+    except (NonFiniteError, CheckpointError, Stopped) as error:
         say(f"{parser.prog}: {error}", file=sys.stderr)
         trainer.close()
-        return 1
+        return STOPPED_STATUS if isinstance(error, Stopped) else 1
+    finally:
+        if trainer.stop is not None:
+            trainer.stop.close()
     pipe = result["pipeline"]
     say(f"test accuracy {100 * result['test_accuracy']:.2f}% after {plural(result['steps'], 'step')} | "
         f"{result['samples_per_second']:,.0f} samples/s | {result['train_seconds']:.1f} s training")
@@ -146,7 +157,8 @@ def main(args: Any, config: Any, threads: int, yield_note: str, comm: Any, parse
         from ..train.async_main import recorded_config
         write_json(args.json, {"config": {**recorded_config(parser, args, trainer.config), "mode": "sync",
                                           "batch_size_requested": args.batch_size},
-                               "threads_per_rank": threads, **result, "summary": shared})
+                               "threads_per_rank": threads, **result, "resumed_from": trainer.resumed_from,
+                               "summary": shared})
         say(f"wrote {args.json}")
     identical = result["replicas_identical"]
     trainer.close()

@@ -23,13 +23,15 @@ from mpi4py import MPI
 
 from ..comm import library_comm
 from ..params import FlatParameters, average_buffer
+from ..train import checkpoint as ckpt_format
 from ..train import data
 from ..train.model import MLP
 from ..train.optimizer import learning_rate, make_optimizer
 from ..train.resize import Plan
+from ..train.signals import stop_if_asked
 from ..train.summary import epoch_record
 from ..train.trainer import Config, NonFiniteError, all_finite, digest, load_data
-from . import schedules
+from . import checkpoint, schedules
 from .grid import Grid, choose_placement
 from .runtime import Runtime
 from .stage import StageLayers, balanced_split, check_split, layer_costs, stage_layers
@@ -137,9 +139,19 @@ class PipelineTrainer:
         self.steps_per_epoch = self.plan.steps_per_epoch
         self.warmup_steps = int(round(config.warmup_epochs * self.steps_per_epoch))
         self.delay = config.straggler[1] / 1e3 if config.straggler and config.straggler[0] == self.rank else 0.0
-        self.step = 0
+        self.step = self.saved_step = 0
         self.skipped_steps: List[int] = []
         self.history: List[Dict[str, Any]] = []
+        #: what makes this run's checkpoints its own (the data-parallel trainer's identity: the same
+        #: model on the same data in the same order)
+        self.run_settings = ckpt_format.run_settings(config.as_dict(), "sync")
+        self.run_identity = ckpt_format.run_identity(self.run_settings)
+        #: the open epoch a checkpoint carried: its epoch, sums (on rank 0) and seconds
+        self.carried: Optional[Dict[str, Any]] = None
+        #: the epoch under way: this rank's sums so far and when it began (a checkpoint's open epoch)
+        self._open: Tuple[np.ndarray, float] = (np.zeros(3), time.perf_counter())
+        #: SIGTERM/SIGUSR1: the ranks' agreement to save and stop (``signals.StopSignals``), set by the CLI
+        self.stop: Any = None
         self.times = np.zeros(3)                            # seconds: pipeline, allreduce, update
         self.sent = 0.0
         self.optimizer.warm_up()
@@ -147,6 +159,8 @@ class PipelineTrainer:
             average_buffer(self.grads.copy(), bucket_mb=config.bucket_mb, comm=self.replica_comm,
                            algorithm=config.algorithm)
         self.comm.Barrier()
+        #: the checkpoint this run continued from (``--resume``), or None
+        self.resumed_from = checkpoint.resume(self) if config.resume else None
 
     def _check_boundaries(self) -> None:
         """Every stage's output is what the next stage takes (width, dtype), checked across the
@@ -199,30 +213,55 @@ class PipelineTrainer:
         self.step += 1
         return loss, correct
 
+    def save_checkpoint(self) -> None:
+        """This step's checkpoint, with the open epoch's sums so far (collective; ``checkpoint.py``)."""
+        checkpoint.save(self, self._open[0], time.perf_counter() - self._open[1])
+
     def total_steps(self) -> int:
         total = self.plan.total_steps(self.config.epochs)
         return min(total, self.config.max_steps) if self.config.max_steps > 0 else total
 
     def run(self, on_step=None, on_epoch=None) -> Dict[str, Any]:
         """Train until ``epochs`` (or ``max_steps``); return the results (the same on every rank)."""
-        total = self.total_steps()
+        total, every = self.total_steps(), self.config.checkpoint_every
+        due = lambda: bool(self.config.checkpoint_dir) and every > 0 and self.step % every == 0  # noqa: E731
         start = time.perf_counter()
         while self.step < total:
-            epoch, _ = self.plan.position(self.step)
+            epoch, first = self.plan.position(self.step)
+            batches = self.plan.batches(epoch)
             sums = np.zeros(3)
-            began, steps = time.perf_counter(), 0
-            for idx in self.plan.batches(epoch):
+            carried, counted_from = 0.0, first           # steps before this run count if a checkpoint carried them
+            if self.carried is not None and self.carried["epoch"] == epoch:
+                sums[:] = self.carried["sums"]
+                carried, counted_from = self.carried["seconds"], 0
+            self.carried = None
+            began = time.perf_counter() - carried
+            self._open = (sums, began)
+            for i in range(first, len(batches)):
                 if self.step >= total:
                     break
-                loss, correct = self.train_step(idx)
+                loss, correct = self.train_step(batches[i])
                 if self.holds_last:
-                    sums += (loss, correct, len(idx))
-                steps += 1
+                    sums += (loss, correct, len(batches[i]))
+                if due() and i + 1 < len(batches):
+                    self.save_checkpoint()               # within the epoch: with its sums so far
+                if i + 1 < len(batches):
+                    stop_if_asked(self)                  # the epoch's last step is asked after its record
                 if on_step:
-                    on_step(steps)
+                    on_step(i + 1)
+            ended = self.plan.position(self.step)[0] > epoch
+            steps = (len(batches) if ended else self.plan.position(self.step)[1]) - counted_from
             self.history.append(self._epoch_metrics(epoch, sums, time.perf_counter() - began, steps))
             if on_epoch:
                 on_epoch(self.history[-1])
+            if ended and due():
+                self.save_checkpoint()                   # at the epoch's end: after its record, which it keeps
+            if ended:
+                stop_if_asked(self)
+            elif self.config.checkpoint_dir and self.saved_step != self.step:
+                self.save_checkpoint()                   # the run ends inside the epoch: with its sums
+        if self.config.checkpoint_dir and self.saved_step != self.step:
+            self.save_checkpoint()
         self.train_seconds = time.perf_counter() - start
         return self.results()
 

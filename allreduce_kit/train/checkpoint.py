@@ -335,6 +335,67 @@ def read_sharded(path: str, meta: Mapping[str, Any], names: List[str],
     return out
 
 
+# -- pipeline checkpoints (python -m allreduce_kit.train --pipeline S) -----------------------------
+def stage_name(stage: int) -> str:
+    return f"stage-{stage:05d}.npz"
+
+
+def is_pipeline(meta: Mapping[str, Any]) -> bool:
+    """Whether a checkpoint's record is a pipeline run's manifest (its layers in per-stage files)."""
+    return isinstance(meta.get("pipeline"), dict)
+
+
+def parts_of(meta: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
+    """The record of a checkpoint kept in parts (a sharded or a pipeline run's manifest: ``arrays``,
+    ``size``, ...), or None for a whole one."""
+    return meta["sharded"] if is_sharded(meta) else meta["pipeline"] if is_pipeline(meta) else None
+
+
+def read_pipeline(path: str, meta: Mapping[str, Any], names: List[str],
+                  layers: Optional[List[int]] = None) -> Dict[str, np.ndarray]:
+    """The whole flat arrays ``names`` of the pipeline checkpoint whose manifest at ``path`` holds
+    ``meta``: each stage's file holds its layers' ``[start, stop)`` of the model's flat layout, one
+    after the other. ``layers``: read only the files holding one of them (the rest of each array is
+    left unwritten). ``CheckpointError`` naming the file if one is missing, unsound, of another run
+    or step than the manifest says, or lacks an array."""
+    record = meta["pipeline"]
+    bounds = [tuple(b) for b in record["bounds"]]
+    dtype = np.dtype(meta.get("dtype", "float32"))
+    out = {name: np.empty(int(record["size"]), dtype) for name in names}
+    folder = shards_dir(path)
+    for stage, held in enumerate(record["layers"]):
+        if layers is not None and not set(held) & set(layers):
+            continue
+        file = os.path.join(folder, stage_name(stage))
+        try:
+            arrays, part = load(file)
+        except FileNotFoundError:
+            raise CheckpointError(f"{file} is missing: the pipeline checkpoint {path} names "
+                                  f"{len(record['layers'])} stage files") from None
+        for key, value in {"stage": stage, "layers": list(held), "step": meta.get("step"), "run": meta.get("run")}.items():
+            if part.get(key) != value:
+                raise CheckpointError(f"{file} is not stage {stage}'s file of {path}: its record has {key} "
+                                      f"{part.get(key)!r} where the manifest says {value!r}")
+        length = sum(bounds[layer][1] - bounds[layer][0] for layer in held)
+        for name in names:
+            got = arrays.get(name)
+            if got is None or got.shape != (length,):
+                raise CheckpointError(f"{file} holds {name} of shape {None if got is None else got.shape}; stage "
+                                      f"{stage}'s layers {list(held)} have {length} elements")
+            at = 0
+            for layer in held:
+                lo, hi = bounds[layer]
+                out[name][lo:hi] = got[at:at + hi - lo]
+                at += hi - lo
+        del arrays
+    return out
+
+
+def read_parts(path: str, meta: Mapping[str, Any], names: List[str]) -> Dict[str, np.ndarray]:
+    """The whole arrays ``names`` of a checkpoint kept in parts (``parts_of(meta)`` is not None)."""
+    return read_sharded(path, meta, names) if is_sharded(meta) else read_pipeline(path, meta, names)
+
+
 def consolidate(source: str, out: str) -> str:
     """Write the newest sharded checkpoint in directory ``source`` (or the manifest ``source``) as
     one whole checkpoint at ``out``: every array whole, the manifest's record without its
@@ -347,13 +408,15 @@ def consolidate(source: str, out: str) -> str:
             raise FileNotFoundError(f"no checkpoint in {source} (no checkpoint-*.npz)")
         path = found[-1].path
     _, meta = load(path)
-    if not is_sharded(meta):
-        raise CheckpointError(f"{path} is not a sharded checkpoint (a --zero 0 run's is whole already)")
-    names = list(meta["sharded"]["arrays"])
-    arrays = read_sharded(path, meta, names)
-    whole = {key: value for key, value in meta.items() if key not in ("sharded", "format", "version")}
+    record = parts_of(meta)
+    if record is None:
+        raise CheckpointError(f"{path} is not a sharded or pipeline checkpoint (a --zero 0 run's is whole already)")
+    names = list(record["arrays"])
+    arrays = read_parts(path, meta, names)
+    whole = {key: value for key, value in meta.items() if key not in ("sharded", "pipeline", "format", "version")}
     whole["consolidated_from"] = {"path": os.path.abspath(path), "stage": meta["sharded"]["stage"],
-                                  "ranks": meta["sharded"]["ranks"]}
+                                  "ranks": meta["sharded"]["ranks"]} if is_sharded(meta) else \
+        {"path": os.path.abspath(path), "pipeline": meta["pipeline"]["stages"]}
     write(out, arrays, whole)
     return path
 

@@ -498,14 +498,15 @@ class Trainer:
             return (f"{path} holds a {'-'.join(map(str, meta['widths']))} {meta['dtype']} model, this run builds "
                     f"{self.model.describe()} {self.model.dtype.name}")
         needed = ["params", *self.optimizer.state()]
-        held = meta["sharded"]["arrays"] if checkpoint.is_sharded(meta) else sorted(arrays)
+        parts = checkpoint.parts_of(meta)                # a sharded or pipeline run's manifest
+        held = parts["arrays"] if parts is not None else sorted(arrays)
         missing = [name for name in needed if name not in held]
         if missing:
             return (f"{path} holds {', '.join(held)}; this run's --optimizer {self.config.optimizer} needs "
                     f"{', '.join(missing)} (resume with the --optimizer that wrote it)")
-        if checkpoint.is_sharded(meta):                  # the blocks are checked as they are read
-            return None if meta["sharded"].get("size") == self.model.size else \
-                f"{path} holds {meta['sharded'].get('size')} parameters, this model has {self.model.size}"
+        if parts is not None:                            # the parts are checked as they are read
+            return None if parts.get("size") == self.model.size else \
+                f"{path} holds {parts.get('size')} parameters, this model has {self.model.size}"
         for name in needed:
             got = arrays.get(name)
             if got is None or got.shape != (self.model.size,) or got.dtype != self.model.dtype:
@@ -542,7 +543,7 @@ class Trainer:
                     error = f"{path} is another run's ({others[-1][2]})"
                 if error is not None and not own:
                     error += f"; {directory} holds no checkpoint of this run"
-                if error is None and self.shards is None and not checkpoint.is_sharded(meta):
+                if error is None and self.shards is None and checkpoint.parts_of(meta) is None:
                     self.model.params[...] = arrays["params"]
                     for name, state in self.optimizer.state().items():
                         state[...] = arrays[name]
@@ -582,13 +583,13 @@ class Trainer:
 
     def _load_arrays(self, path: str, meta: Dict[str, Any], arrays: Dict[str, np.ndarray]) -> None:
         """Take the checkpoint's parameters and optimizer state (collective): a whole checkpoint's
-        from rank 0 (``arrays``, read there), a sharded one's read by every rank from the rank files;
+        from rank 0 (``arrays``, read there), a sharded or pipeline run's read by every rank from its files;
         a sharded run keeps its blocks of them (sharding.py), at any stage and rank count."""
         names = ["params", *self.optimizer.state()]
-        if checkpoint.is_sharded(meta):
+        if checkpoint.parts_of(meta) is not None:
             error = None
             try:
-                arrays = checkpoint.read_sharded(path, meta, names)
+                arrays = checkpoint.read_parts(path, meta, names)
             except (checkpoint.CheckpointError, OSError, ValueError) as bad:
                 error = f"--resume: {bad}"
             errors = [e for e in self.comm.allgather(error) if e]

@@ -87,3 +87,53 @@ def test_stages_that_do_not_fit_together_fail_on_every_rank_before_the_first_ste
     hidden = (9, 7) if comm.Get_rank() == 0 else (8, 7)
     with pytest.raises(PipelineError, match="stage 0 puts out 9 features of float64, stage 1 takes 8"):
         PipelineTrainer(config(2, hidden=hidden), PipelineSettings(2, 2, "1f1b", split=(1,)), comm, dataset=DIGITS)
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() not in (2, 4), reason="2 x 1 and 2 x 2 grids suffice")
+def test_a_resumed_pipeline_run_ends_where_the_uninterrupted_run_ends(comm):
+    """Six steps straight against three, a checkpoint (one file per stage and a manifest), and a
+    --resume for the other three: bitwise the same parameters, the same epoch record. The
+    checkpoint consolidates to the whole model, and a data-parallel run on D ranks resumes from it
+    (here at D = 1, on one rank) to the same parameters, to rounding."""
+    import tempfile
+
+    from allreduce_kit.train import checkpoint
+
+    D = comm.Get_size() // 2
+    directory = comm.bcast(tempfile.mkdtemp(prefix="pipeline-ckpt-") if comm.Get_rank() == 0 else None)
+    settings = PipelineSettings(2, 2, "1f1b")
+
+    def run(**kw):
+        trainer = PipelineTrainer(config(2, **{"max_steps": 6, **kw}), settings, comm, dataset=DIGITS)
+        try:
+            return trainer.run(), trainer.full_parameters()
+        finally:
+            trainer.close()
+
+    want, want_params = run()
+    first, at_3 = run(max_steps=3, checkpoint_dir=directory, checkpoint_every=2)
+    got, got_params = run(checkpoint_dir=directory, resume=True)
+    assert np.array_equal(got_params, want_params)
+    assert got["epochs"] == [dict(e, seconds=g["seconds"], samples_per_second=g["samples_per_second"],
+                                  step_ms=g["step_ms"]) for e, g in zip(want["epochs"], got["epochs"])]
+    if comm.Get_rank() == 0:
+        steps = [found.step for found in checkpoint.survey(directory)]
+        assert steps == [2, 3, 6]
+        manifest = checkpoint.latest(directory)
+        whole = checkpoint.read_pipeline(manifest, checkpoint.load(manifest)[1], ["params"])["params"]
+        assert np.array_equal(whole, got_params)
+        if D == 1:
+            for path in checkpoint.listing(directory)[2:]:
+                checkpoint.os.unlink(path[1])                 # the data-parallel run resumes from step 3
+            ref = Trainer(config(2, batch_size=8, max_steps=6, checkpoint_dir=directory, resume=True), MPI.COMM_SELF,
+                          dataset=DIGITS)
+            try:
+                assert ref.step == 3
+                ref.run()
+                np.testing.assert_allclose(ref.model.params, want_params, rtol=1e-6, atol=1e-9)
+            finally:
+                ref.close()
+        import shutil
+        shutil.rmtree(directory)
+    del first, at_3
