@@ -64,9 +64,20 @@ def stage_layers(split: Sequence[int], layers: int) -> List[Tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:]))
 
 
+#: Bytes of the scratch a micro-batch's weight gradient is made in, a band of rows at a time,
+#: before it is added to the gradient buffer.
+SCRATCH_BYTES = 4 << 20
+
+
 class StageLayers:
     """Layers ``[first, stop)`` of an MLP of ``widths`` whose parameters and gradients are views
-    (``params[l]`` = (W, b), ``grads[l]`` likewise) the caller owns."""
+    (``params[l]`` = (W, b), ``grads[l]`` likewise) the caller owns.
+
+    ``new_step()`` starts a step: the first backward of each layer after it writes the layer's
+    gradient (as ``MLP.forward_backward`` does, so at one micro-batch it is bitwise that); each later
+    one adds its own, made a band of rows at a time in a small scratch buffer, so that no
+    weight-sized temporary is made (a fresh one per micro-batch costs its page faults and a pass
+    more than the product itself when the micro-batch is small)."""
 
     def __init__(self, widths: Sequence[int], first: int, stop: int,
                  params: Dict[int, Tuple[np.ndarray, np.ndarray]], grads: Dict[int, Tuple[np.ndarray, np.ndarray]]):
@@ -75,6 +86,12 @@ class StageLayers:
         self.last_layer = len(self.widths) - 2
         self.params, self.grads = params, grads
         self.inputs: Dict[int, List[np.ndarray]] = {}
+        self.fresh = set(range(first, stop))            # layers whose gradient this step has not written
+        self._scratch: Optional[np.ndarray] = None
+
+    def new_step(self) -> None:
+        """The next backward of each layer writes its gradient rather than adding to it."""
+        self.fresh = set(range(self.first, self.stop))
 
     @property
     def is_first(self) -> bool:
@@ -119,12 +136,29 @@ class StageLayers:
         for layer in range(self.stop - 1, self.first - 1, -1):
             gW, gb = self.grads[layer]
             a = acts[layer - self.first]
-            gW += a.T @ delta
-            gb += delta.sum(axis=0)
+            if layer in self.fresh:
+                np.matmul(a.T, delta, out=gW)
+                np.sum(delta, axis=0, out=gb)
+                self.fresh.discard(layer)
+            else:
+                self._add_product(gW, a, delta)
+                gb += delta.sum(axis=0)
             if layer:
                 delta = delta @ self.params[layer][0].T
                 delta *= a > 0
         return None if self.is_first else delta
+
+
+    def _add_product(self, gW: np.ndarray, a: np.ndarray, delta: np.ndarray) -> None:
+        """``gW += a.T @ delta``, a band of ``gW``'s rows at a time through the scratch buffer."""
+        band = max(1, SCRATCH_BYTES // max(1, gW.shape[1] * gW.itemsize))
+        if self._scratch is None or self._scratch.dtype != gW.dtype or self._scratch.size < band * gW.shape[1]:
+            self._scratch = np.empty(band * gW.shape[1], gW.dtype)
+        for lo in range(0, gW.shape[0], band):
+            hi = min(lo + band, gW.shape[0])
+            part = self._scratch[:(hi - lo) * gW.shape[1]].reshape(hi - lo, gW.shape[1])
+            np.matmul(a[:, lo:hi].T, delta, out=part)
+            gW[lo:hi] += part
 
 
 def softmax_loss(logits: np.ndarray, y: np.ndarray, total: int) -> Tuple[float, int, np.ndarray]:

@@ -153,6 +153,7 @@ class PipelineTrainer:
         #: SIGTERM/SIGUSR1: the ranks' agreement to save and stop (``signals.StopSignals``), set by the CLI
         self.stop: Any = None
         self.times = np.zeros(3)                            # seconds: pipeline, allreduce, update
+        self.step_seconds: List[float] = []                 # each step of this run, whole
         self.sent = 0.0
         self.optimizer.warm_up()
         if D > 1:
@@ -186,7 +187,8 @@ class PipelineTrainer:
     def train_step(self, idx: np.ndarray) -> Tuple[float, int]:
         """The pipeline on this replica's batch ``idx``, the replicas' average, the update."""
         t0 = time.perf_counter()
-        self.grads[...] = 0
+        for stage in self.layers.values():             # each layer's first backward writes its gradient
+            stage.new_step()
         parts = np.array_split(idx, self.settings.micro_batches)
         rows = [len(part) for part in parts]
         inputs = [self.data.X_train[part] for part in parts] if self.holds_first else None
@@ -210,6 +212,7 @@ class PipelineTrainer:
             lr = learning_rate(self.config.lr, self.replicas, self.config.lr_scaling, self.warmup_steps, self.step)
             self.optimizer.step(self.params, self.grads, lr)
         self.times += (t1 - t0, t2 - t1, time.perf_counter() - t2)
+        self.step_seconds.append(time.perf_counter() - t0)
         self.step += 1
         return loss, correct
 
@@ -332,7 +335,9 @@ class PipelineTrainer:
                 "train_seconds": getattr(self, "train_seconds", seconds), "updates_applied": self.step - len(self.skipped_steps),
                 "skipped_steps": self.skipped_steps, "replicas_identical": bool(identical),
                 "params_digest": digest(full), "pipeline": self.stats(),
-                "step_ms": {"pipeline_p50": 1e3 * float(np.median([t[0] for t in times])),
+                "step_ms": {"step_p50": 1e3 * float(self.comm.bcast(np.median(self.step_seconds)
+                                                                    if self.step_seconds else 0.0, root=0)),
+                            "pipeline_p50": 1e3 * float(np.median([t[0] for t in times])),
                             "allreduce_p50": 1e3 * float(np.median([t[1] for t in times])),
                             "update_p50": 1e3 * float(np.median([t[2] for t in times]))},
                 "allreduce_bytes_sent_per_step": sum(s for *_, s in gathered) / self.ranks / max(self.step, 1)}
