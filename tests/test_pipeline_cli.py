@@ -59,6 +59,8 @@ def test_a_pipeline_run_trains_and_reports_idle_share_and_peak_live_per_stage(ru
     assert (pipe["stages"], pipe["replicas"], pipe["micro_batches"]) == (2, 1, 4)
     assert pipe["peak_live"] == [2, 1] == pipe["simulated_peak_live"]
     assert len(pipe["idle_share"]) == 2 and all(0 <= x < 1 for x in pipe["idle_share"])
+    # idle: not computing over the pipeline's span; waiting: for a message, over the rank's own span
+    assert all(0 <= w <= i for w, i in zip(pipe["wait_share"], pipe["idle_share"]))
     assert payload["steps"] == 2 and payload["replicas_identical"]
     assert pipe["straggler_stage"] == 1 and "the straggler holds stage 1" in out
     assert payload["config"]["pipeline"] == 2

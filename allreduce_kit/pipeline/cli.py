@@ -144,10 +144,10 @@ def main(args: Any, config: Any, threads: int, yield_note: str, comm: Any, parse
         f"{result['samples_per_second']:,.0f} samples/s | {result['train_seconds']:.1f} s training")
     say(f"replicas of each stage bitwise identical: {'yes' if result['replicas_identical'] else 'NO'} "
         f"(parameters blake2b {result['params_digest']})")
-    say("stage  idle share  simulated  peak live  simulated")
+    say("stage  idle share  simulated  waiting  peak live  simulated")
     for k in range(s.stages):
         say(f"{k:>5}  {100 * pipe['idle_share'][k]:9.1f}%  {100 * pipe['simulated_idle_share'][k]:8.1f}%  "
-            f"{pipe['peak_live'][k]:>9}  {pipe['simulated_peak_live'][k]:>9}")
+            f"{100 * pipe['wait_share'][k]:6.1f}%  {pipe['peak_live'][k]:>9}  {pipe['simulated_peak_live'][k]:>9}")
     if config.straggler:
         say(f"the straggler holds stage {pipe['straggler_stage']}: the whole pipeline waits on it (the other stages' idle share grows)")
     shared = build_summary("sync", trainer.ranks, trainer.ranks, result["epochs"], result["updates_applied"],

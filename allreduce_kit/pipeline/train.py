@@ -307,20 +307,31 @@ class PipelineTrainer:
 
     def stats(self) -> Dict[str, Any]:
         """``idle_share`` and ``peak_live`` per pipeline rank (the mean, and the most, over its
-        replicas), measured by the runtime; the simulator's figures beside them."""
+        replicas), measured by the runtime; the simulator's figures beside them.
+
+        A rank's idle share is the simulator's: the share of its pipeline's time (the longest span
+        of the pipeline's ranks, summed over the steps) in which it did not compute, whether it
+        waited for a message or had finished its list before the others; ``wait_share`` is the
+        time it waited for messages over its own span."""
         s = self.runtime.stats
-        rows = self.comm.allgather((self.stage, s.idle_share, s.peak_live))
+        mine = (self.stage, self.replica, s.idle, s.span, s.peak_live)
+        gathered = self.comm.allgather(mine)
         S = self.settings.stages
-        idle = [float(np.mean([i for st, i, _ in rows if st == k])) for k in range(S)]
-        peak = [int(max(p for st, _, p in rows if st == k)) for k in range(S)]
+        makespan = {r: max(span for _, rep, _, span, _ in gathered if rep == r) for r in range(self.replicas)}
+        rows = [(st, 1.0 - (span - waited) / makespan[rep] if makespan[rep] > 0 else 0.0,
+                 waited / span if span > 0 else 0.0, peak) for st, rep, waited, span, peak in gathered]
+        idle = [float(np.mean([i for st, i, _, _ in rows if st == k])) for k in range(S)]
+        wait = [float(np.mean([w for st, _, w, _ in rows if st == k])) for k in range(S)]
+        peak = [int(max(p for st, _, _, p in rows if st == k)) for k in range(S)]
         return {"stages": S, "replicas": self.replicas, "micro_batches": self.settings.micro_batches,
                 "schedule": self.settings.schedule, "virtual_stages": self.settings.virtual_stages,
                 "split": list(self.settings.split), "placement": self.settings.placement,
                 "layers_per_stage": [[a, b] for a, b in self.bounds],
-                "idle_share": idle, "peak_live": peak,
+                "idle_share": idle, "wait_share": wait, "peak_live": peak,
                 "simulated_idle_share": self.simulated.idle_share, "simulated_peak_live": self.simulated.peak_live,
                 "straggler_stage": self.grid.position(self.config.straggler[0])[0] if self.config.straggler else None,
-                "ranks": [{"rank": r, "stage": st, "idle_share": i, "peak_live": p} for r, (st, i, p) in enumerate(rows)]}
+                "ranks": [{"rank": r, "stage": st, "idle_share": i, "wait_share": w, "peak_live": p}
+                          for r, (st, i, w, p) in enumerate(rows)]}
 
     def results(self) -> Dict[str, Any]:
         gathered = self.comm.allgather((self.stage, digest(self.params), self.times / max(self.step, 1), self.sent))
