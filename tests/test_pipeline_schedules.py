@@ -174,8 +174,11 @@ def test_balanced_split_minimises_the_largest_stage():
     assert balanced_split([1, 1, 1, 1], 2) == [2]
     assert balanced_split([8, 1, 1, 1, 1, 1, 1, 1, 1], 2) == [1]
     assert balanced_split([1, 2, 3, 4, 5], 5) == [1, 2, 3, 4]
-    costs = layer_costs([64, 100, 100, 100, 10])          # 6400, 10000, 10000, 1000
+    costs = layer_costs([64, 100, 100, 100, 10])          # forward + backward: 2 x 6400 (no input gradient), 3 x ...
+    assert costs == [12800, 30000, 30000, 3000]
     assert balanced_split(costs, 2) == [2]
+    assert balanced_split(layer_costs([768, 512, 512, 512, 512]), 2) == [2]    # four equal layers
+    assert len(set(layer_costs([768, 512, 512, 512, 512]))) == 1
     assert stage_layers([2], 4) == [(0, 2), (2, 4)]
     with pytest.raises(ValueError, match="3 layers into 4"):
         balanced_split([1, 1, 1], 4)

@@ -15,8 +15,10 @@ __all__ = ["balanced_split", "check_split", "stage_layers", "StageLayers", "laye
 
 
 def layer_costs(widths: Sequence[int]) -> List[int]:
-    """Each layer's compute, as its multiply-adds per sample (fan_in x fan_out)."""
-    return [int(a) * int(b) for a, b in zip(widths[:-1], widths[1:])]
+    """Each layer's compute in a step, as its multiply-adds per sample: fan_in x fan_out for the
+    forward, as much again for the weights' gradient and for the input's, which the first layer
+    does not compute (its input is the data)."""
+    return [(2 if i == 0 else 3) * int(a) * int(b) for i, (a, b) in enumerate(zip(widths[:-1], widths[1:]))]
 
 
 def balanced_split(costs: Sequence[float], parts: int) -> List[int]:

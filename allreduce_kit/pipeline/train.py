@@ -128,8 +128,8 @@ class PipelineTrainer:
         costs = layer_costs(self.model.widths)
         work = [sum(costs[a:b]) for a, b in self.bounds]
         mean = sum(work) / len(work)
-        # The schedule with these stages' costs (multiply-adds; backward twice the forward): also
-        # the proof that it cannot hang.
+        # The schedule with these stages' costs (multiply-adds of forward and backward; a backward
+        # twice a forward): also the proof that it cannot hang.
         self.simulated = schedules.simulate(self.actions, 1.0, 2.0, stage_costs={k: w / mean for k, w in enumerate(work)})
         self.runtime = Runtime(self.comm, self.grid.pipeline(self.replica), self.actions[self.stage], self.layers,
                                S * V, M, self.model.dtype)
