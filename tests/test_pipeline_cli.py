@@ -39,12 +39,14 @@ REFUSED = [
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pipeline_cli")
     good = QUICK + ["--hidden", "16,8", "--pipeline", "2", "--micro-batches", "4", "--schedule", "1f1b",
-                    "--straggler", "1:1", "--json", str(tmp / "run.json"), "--checkpoint-dir", str(tmp / "ckpt")]
+                    "--straggler", "1:1", "--json", str(tmp / "run.json"), "--checkpoint-dir", str(tmp / "ckpt"),
+                    "--plot", str(tmp / "run.png")]
     (tmp / "cases.json").write_text(json.dumps([good] + [QUICK + argv for argv, _ in REFUSED]))
     result = run_mpi(2, [TESTS / "bad_options_driver.py", tmp / "cases.json", tmp / "out.json"], timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     records = json.loads((tmp / "out.json").read_text())
-    return records[0], {**json.loads((tmp / "run.json").read_text()), "saved": sorted(os.listdir(tmp / "ckpt"))}, \
+    return records[0], {**json.loads((tmp / "run.json").read_text()), "saved": sorted(os.listdir(tmp / "ckpt")),
+                                                           "png": (tmp / "run.png").read_bytes()[:8]}, \
         records[1:]
 
 
@@ -66,6 +68,8 @@ def test_a_pipeline_run_trains_and_reports_idle_share_and_peak_live_per_stage(ru
     assert payload["config"]["pipeline"] == 2
     assert payload["saved"] == ["checkpoint-000000002.npz", "checkpoint-000000002.shards"]   # --checkpoint-dir
     assert payload["resumed_from"] is None
+    assert payload["png"] == b"\x89PNG\r\n\x1a\n" and "wrote" in out and "run.png" in out     # --plot
+    assert len(payload["step_ms"]["per_step"]) == 2
 
 
 @pytest.mark.parametrize("index", range(len(REFUSED)))

@@ -4,7 +4,7 @@
 A pipeline run is synchronous (``--mode sync``) and plain: what does not combine with it is
 refused with one message naming the option (``problems``): ``--zero``, ``--mode async-ps``,
 ``--elastic``, ``--backup-workers``, ``--local-sgd``, ``--accum-steps`` (the micro-batches are
-the accumulation), ``--jitter-ms``, ``--inject-nan``, ``--plot`` and ``--bench-allreduce``.
+the accumulation), ``--jitter-ms``, ``--inject-nan`` and ``--bench-allreduce``.
 Checkpoints are per stage (``checkpoint.py``).
 """
 import argparse
@@ -21,7 +21,7 @@ from .stage import check_split
 OPTIONS = ("micro_batches", "schedule", "virtual_stages", "split", "placement")
 #: Options that do not combine with --pipeline: destination -> how it reads when given.
 REFUSED = {"zero": "--zero", "elastic": "--elastic", "backup_workers": "--backup-workers",
-           "local_sgd": "--local-sgd", "accum_steps": "--accum-steps", "jitter_ms": "--jitter-ms", "inject_nan": "--inject-nan", "plot": "--plot",
+           "local_sgd": "--local-sgd", "accum_steps": "--accum-steps", "jitter_ms": "--jitter-ms", "inject_nan": "--inject-nan",
            "bench_allreduce": "--bench-allreduce", "trace": "--trace"}
 
 
@@ -160,6 +160,10 @@ def main(args: Any, config: Any, threads: int, yield_note: str, comm: Any, parse
                                "threads_per_rank": threads, **result, "resumed_from": trainer.resumed_from,
                                "summary": shared})
         say(f"wrote {args.json}")
+    if args.plot and comm.Get_rank() == 0:
+        from .report import plot
+        plot(args.plot, result)
+        say(f"wrote {args.plot}")
     identical = result["replicas_identical"]
     trainer.close()
     return 0 if identical else 1

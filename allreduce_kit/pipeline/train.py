@@ -338,6 +338,7 @@ class PipelineTrainer:
         identical = all(d == next(e for st, e, _, _ in gathered if st == s) for s, d, _, _ in gathered)
         times = [t for _, _, t, _ in gathered]
         full = self.full_parameters()
+        series = self.comm.bcast(self.step_seconds, root=0)          # rank 0's steps, whole
         samples = sum(e["samples"] for e in self.history)
         seconds = sum(e["seconds"] for e in self.history)
         return {"ranks": self.ranks, "steps": self.step, "epochs": self.history,
@@ -346,8 +347,8 @@ class PipelineTrainer:
                 "train_seconds": getattr(self, "train_seconds", seconds), "updates_applied": self.step - len(self.skipped_steps),
                 "skipped_steps": self.skipped_steps, "replicas_identical": bool(identical),
                 "params_digest": digest(full), "pipeline": self.stats(),
-                "step_ms": {"step_p50": 1e3 * float(self.comm.bcast(np.median(self.step_seconds)
-                                                                    if self.step_seconds else 0.0, root=0)),
+                "step_ms": {"step_p50": 1e3 * float(np.median(series)) if series else 0.0,
+                            "per_step": [1e3 * t for t in series],
                             "pipeline_p50": 1e3 * float(np.median([t[0] for t in times])),
                             "allreduce_p50": 1e3 * float(np.median([t[1] for t in times])),
                             "update_p50": 1e3 * float(np.median([t[2] for t in times]))},
