@@ -20,6 +20,17 @@ stages by nonblocking point-to-point calls on the library's clone of the pipelin
 tagged per micro-batch, stage and direction. Importing this module does not start MPI (the
 first ``PipelineStage`` does, after ``allreduce_kit.torch.init()`` if the script calls it).
 
+At the first ``step`` the stages check that they fit together before any micro-batch runs, as
+``torch.distributed.pipelining``'s metadata inference does: stage 0 runs its forward on the first
+micro-batch's shape and dtype (on zeros, without autograd), passes its output's shape and dtype to
+stage 1, which runs its forward on zeros of them, and so on to the last stage. A stage whose forward
+raises on its predecessor's output (another width, another dtype), or whose input or output differs
+from the ``input_args`` or ``output_args`` it was given (example tensors: their shape but the first
+dimension, and their dtype), makes every rank raise the same ``PipelineShapeError`` naming the stage.
+Every wait for another rank (a message not yet sent, a send not yet received) is watched by the stall
+inspector (docs/reliability.md): a stage that hangs or dies ends the job, named by the ranks
+waiting on it.
+
 Stage i runs on rank i mod P of the ``group`` (P ranks; default ``COMM_WORLD``): one stage per
 rank for ``ScheduleGPipe`` and ``Schedule1F1B``, the stages i, i + P, ... of a rank for
 ``ScheduleInterleaved1F1B``, as in PyTorch. A stage takes one tensor and returns one tensor.
@@ -33,7 +44,44 @@ import torch
 from ..pipeline import schedules
 from ..pipeline.schedules import tag_of
 
-__all__ = ["PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B"]
+__all__ = ["PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B", "PipelineShapeError"]
+
+#: The tag of the first step's shape messages (below every tag of a step's activations and gradients).
+META_TAG = schedules.TAG_BASE - 1
+
+
+class PipelineShapeError(ValueError):
+    """Stages that do not fit together: raised on every rank at the first ``step``, naming the stage."""
+
+
+class _Probe:
+    """A message from ``source`` with ``tag`` having arrived, as a request the stall inspector waits on."""
+
+    def __init__(self, comm: Any, source: int, tag: int):
+        self.comm, self.source, self.tag = comm, source, tag
+
+    def Test(self) -> bool:
+        return self.comm.Iprobe(source=self.source, tag=self.tag)
+
+    def Wait(self) -> None:
+        self.comm.Probe(source=self.source, tag=self.tag)
+
+
+def _meta(example: Any) -> Optional[tuple]:
+    """(shape but the first dimension, dtype) of an example tensor, or None."""
+    if example is None:
+        return None
+    if isinstance(example, (tuple, list)) and len(example) == 1:
+        example = example[0]
+    if not isinstance(example, torch.Tensor):
+        raise TypeError(f"PipelineStage: input_args and output_args must be one example tensor, got "
+                        f"{type(example).__name__}")
+    return tuple(example.shape[1:]), example.dtype
+
+
+def _shown(shape: Sequence[int], dtype: Any) -> str:
+    return f"(rows, {', '.join(map(str, shape))}) of {str(dtype).replace('torch.', '')}" if shape else \
+        f"(rows,) of {str(dtype).replace('torch.', '')}"
 
 
 def _communicator(group: Any):
@@ -70,6 +118,8 @@ class PipelineStage:
             raise ValueError(f"PipelineStage: stage {stage_index} runs on rank {stage_index % self.group_size} of the "
                              f"group's {self.group_size}, not on rank {self.group_rank}")
         self.is_first, self.is_last = stage_index == 0, stage_index == num_stages - 1
+        #: (shape but the first dimension, dtype) this stage takes and puts out, if given.
+        self.input_meta, self.output_meta = _meta(input_args), _meta(output_args)
 
     def __repr__(self) -> str:
         return f"PipelineStage({self.stage_index} of {self.num_stages}, rank {self.group_rank})"
@@ -112,6 +162,64 @@ class _Schedule:
         self.mine = self.actions[first.group_rank]
         from ..comm import library_comm
         self.lib = library_comm(first.comm)
+        self.checked = False
+
+    def _wait(self, request: Any, peer: int, what: Callable[[], str]) -> None:
+        from ..stall import INSPECTOR
+        INSPECTOR.wait(request, self.lib.watch, peer, lambda: f"{type(self).__name__}: {what()}")
+
+    def _recv(self, stage: int, source_stage: int, tag: int, what: str) -> Any:
+        """The object stage ``source_stage`` sends stage ``stage`` with ``tag``, its wait watched."""
+        source = source_stage % self.ranks
+        self._wait(_Probe(self.lib, source, tag), source,
+                   lambda: f"stage {stage} (rank {self.lib.myrank}) waiting for stage {source_stage} (rank {source}) "
+                           f"to send its {what}")
+        return self.lib.recv(source=source, tag=tag)
+
+    def _check_shapes(self, first_input: Optional[torch.Tensor]) -> None:
+        """Every stage's forward on its predecessor's output's shape and dtype, stage 0 to the last,
+        before the first micro-batch; a stage that does not fit makes every rank raise
+        ``PipelineShapeError`` naming it (the last stage's rank tells every rank the outcome)."""
+        me, last = self.lib.myrank, self.total - 1
+        carried: Any = None                         # what the previous stage passed on, where it is on this rank
+        for k in sorted(self.stages):
+            stage = self.stages[k]
+            if k == 0:
+                got: Any = (tuple(first_input.shape[1:]), first_input.dtype, first_input.shape[0])
+            elif (k - 1) % self.ranks == me:
+                got = carried
+            else:
+                got = self._recv(k, k - 1, META_TAG, "output's shape and dtype (the first step's check)")
+            if isinstance(got, tuple):
+                got = self._infer(stage, k, *got)
+            carried = got
+            if k < last and (k + 1) % self.ranks != me:
+                self._wait(self.lib.isend(got, dest=(k + 1) % self.ranks, tag=META_TAG), (k + 1) % self.ranks,
+                           lambda: f"stage {k} (rank {me}) waiting for stage {k + 1} to receive its output's shape")
+        from ..stall import INSPECTOR
+        with INSPECTOR.watching(self.lib.watch, f"{type(self).__name__}: the first step's shape check (bcast)"):
+            outcome = self.lib.bcast(carried if last in self.stages else None, root=last % self.ranks)
+        self.checked = True
+        if isinstance(outcome, str):
+            raise PipelineShapeError(f"{type(self).__name__}: {outcome}")
+
+    def _infer(self, stage: PipelineStage, k: int, shape: tuple, dtype: Any, rows: int) -> Any:
+        """Stage ``k``'s output (shape, dtype, rows) on zeros of its input's, or why it does not fit."""
+        came = "the input" if k == 0 else f"stage {k - 1}'s output"
+        if stage.input_meta is not None and stage.input_meta != (shape, dtype):
+            return (f"stage {k} expects input {_shown(*stage.input_meta)} (input_args), {came} is "
+                    f"{_shown(shape, dtype)}")
+        try:
+            with torch.no_grad():
+                out = stage.submod(torch.zeros((rows, *shape), dtype=dtype))
+        except Exception as error:            # noqa: B902 - whatever it is, every rank must hear of it
+            return f"stage {k}'s forward raised on {came}, {_shown(shape, dtype)}: {type(error).__name__}: {error}"
+        if not isinstance(out, torch.Tensor):
+            return f"stage {k} returned {type(out).__name__}; a stage returns one tensor"
+        got = (tuple(out.shape[1:]), out.dtype)
+        if stage.output_meta is not None and stage.output_meta != got:
+            return f"stage {k} puts out {_shown(*got)}, its output_args say {_shown(*stage.output_meta)}"
+        return (*got, out.shape[0] if out.dim() else 1)
 
     def step(self, *args: Any, target: Any = None, losses: Optional[List] = None, return_outputs: bool = True,
              **kwargs: Any) -> Optional[torch.Tensor]:
@@ -131,11 +239,11 @@ class _Schedule:
             if target is None:
                 raise ValueError(f"{type(self).__name__}.step: the last stage needs target for loss_fn")
             targets = list(torch.tensor_split(target, M, dim=0))
+        if not self.checked:
+            self._check_shapes(inputs[0] if inputs else None)
         peer = lambda stage: stage % self.ranks
         kept: Dict[tuple, tuple] = {}
         outputs: Dict[int, torch.Tensor] = {}
-        from mpi4py import MPI
-
         sends: List[Any] = []
         for a in self.mine:
             stage = self.stages[a.stage]
@@ -143,8 +251,8 @@ class _Schedule:
                 if a.stage == 0:
                     x = inputs[a.mb]
                 else:
-                    x = torch.from_numpy(self.lib.recv(source=peer(a.stage - 1),
-                                                       tag=tag_of("F", a.mb, a.stage, self.total)))
+                    x = torch.from_numpy(self._recv(a.stage, a.stage - 1, tag_of("F", a.mb, a.stage, self.total),
+                                                    f"activations of micro-batch {a.mb}"))
                     x.requires_grad_(True)
                 out = stage.submod(x)
                 if not isinstance(out, torch.Tensor):
@@ -155,21 +263,24 @@ class _Schedule:
                     if losses is not None:
                         losses.append(out.detach())
                 else:
-                    sends.append(self.lib.isend(out.detach().numpy(), dest=peer(a.stage + 1),
-                                                tag=tag_of("F", a.mb, a.stage + 1, self.total)))
+                    sends.append((self.lib.isend(out.detach().numpy(), dest=peer(a.stage + 1),
+                                                 tag=tag_of("F", a.mb, a.stage + 1, self.total)), a, a.stage + 1))
                 kept[(a.mb, a.stage)] = (x, out)
             else:
                 x, out = kept.pop((a.mb, a.stage))
                 if a.stage == last:
                     out.backward()
                 else:
-                    grad = torch.from_numpy(self.lib.recv(source=peer(a.stage + 1),
-                                                          tag=tag_of("B", a.mb, a.stage, self.total)))
+                    grad = torch.from_numpy(self._recv(a.stage, a.stage + 1, tag_of("B", a.mb, a.stage, self.total),
+                                                       f"gradient of micro-batch {a.mb}"))
                     torch.autograd.backward(out, grad_tensors=grad)
                 if a.stage > 0:
-                    sends.append(self.lib.isend(x.grad.numpy(), dest=peer(a.stage - 1),
-                                                tag=tag_of("B", a.mb, a.stage - 1, self.total)))
-        MPI.Request.waitall(sends)
+                    sends.append((self.lib.isend(x.grad.numpy(), dest=peer(a.stage - 1),
+                                                 tag=tag_of("B", a.mb, a.stage - 1, self.total)), a, a.stage - 1))
+        for request, a, to in sends:
+            what = "activations" if a.kind == "F" else "gradient"
+            self._wait(request, peer(to), lambda: f"stage {a.stage} (rank {self.lib.myrank}) waiting for stage {to} "
+                                                  f"(rank {peer(to)}) to receive its {what} of micro-batch {a.mb}")
         if self.scale_grads and M > 1:
             for stage in self.stages.values():
                 for p in stage.submod.parameters():

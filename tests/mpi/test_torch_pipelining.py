@@ -12,7 +12,8 @@ from mpi4py import MPI
 
 torch = pytest.importorskip("torch")
 
-from allreduce_kit.torch.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,  # noqa: E402
+from allreduce_kit.comm import library_comm  # noqa: E402
+from allreduce_kit.torch.pipelining import (PipelineShapeError, PipelineStage, Schedule1F1B, ScheduleGPipe,  # noqa: E402
                                             ScheduleInterleaved1F1B)
 
 P, RANK = MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank()
@@ -87,3 +88,33 @@ def test_a_stage_on_the_wrong_rank_is_refused_before_any_message(comm):
     with pytest.raises(ValueError, match="ScheduleInterleaved1F1B: the interleaved schedule takes micro-batches"):
         ScheduleInterleaved1F1B([PipelineStage(torch.nn.Linear(2, 2), RANK + j * P, 2 * P, group=comm)
                                  for j in range(2)], P + 1, loss_fn=sum)
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(P not in (2, 3), reason="at 2 and 3 ranks")
+def test_stages_that_do_not_fit_together_raise_on_every_rank_at_the_first_step(comm):
+    """Stage 0 puts out 9 features where stage 1 takes 8; float32 where stage 1 is float64;
+    input_args that stage 1's predecessor does not match: every rank raises the same error naming
+    the stage, before any micro-batch runs (as torch.distributed.pipelining's first-step metadata
+    inference checks), and a pipeline that fits runs after them."""
+    X, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+
+    def run(pairs, dtype=torch.float32, input_args=None):
+        module = torch.nn.Linear(*pairs[RANK]).to(dtype if RANK else torch.float32)
+        stage = PipelineStage(module, RANK, P, group=comm, input_args=input_args if RANK == 1 else None)
+        return Schedule1F1B(stage, 2, loss_fn=torch.nn.functional.cross_entropy).step(
+            X if RANK == 0 else None, target=y if RANK == P - 1 else None)
+
+    fit = [(4, 5)] + [(5, 5)] * (P - 2) + [(5, 2)]
+    with pytest.raises(PipelineShapeError, match=r"^Schedule1F1B: stage 1's forward raised on stage 0's output, "
+                                                 r"\(rows, 9\) of float32: RuntimeError: mat1 and mat2 shapes"):
+        run([(4, 9)] + fit[1:])
+    with pytest.raises(PipelineShapeError, match=r"stage 1's forward raised on stage 0's output, \(rows, 5\) of "
+                                                 r"float32: RuntimeError: mat1 and mat2 must have the same dtype"):
+        run(fit, torch.float64)
+    with pytest.raises(PipelineShapeError, match=r"stage 1 expects input \(rows, 6\) of float32 \(input_args\), "
+                                                 r"stage 0's output is \(rows, 5\) of float32"):
+        run(fit, input_args=torch.zeros(1, 6))
+    out = run(fit)
+    assert (out is not None) == (RANK == P - 1)
+    assert not library_comm(comm).Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
