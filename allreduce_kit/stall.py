@@ -14,6 +14,11 @@ same call, described alike, are only slow, and are waited for. The cost on the c
 a counter increment and one tuple per call; the watchdog thread, not the caller, reads the
 clock and writes the descriptions.
 
+Point-to-point waits (a pipeline's activations and gradients between stages) are watched too,
+by ``Inspector.wait``: they have no call number, since ranks make different numbers of them, so
+when one stalls the watchdog asks only the rank it waits on what that rank is doing (``Watch.ask``),
+prints both and ends the job.
+
 The timeout comes from ``allreduce(..., stall_timeout=S)``, else ``set_stall_timeout(S)``, else
 ``ALLREDUCE_KIT_STALL_TIMEOUT`` (seconds; default 60; 0 turns the inspector off).
 """
