@@ -346,9 +346,10 @@ class Inspector:
                 what = describe(current)
                 if watch is None:
                     self._report_setup(waited, what)
-                if isinstance(watch, PeerWait):
+                elif isinstance(watch, PeerWait):
                     self._report_peer(watch, waited, what)
-                self._report(watch, watch.calls, waited, what)
+                else:
+                    self._report(watch, watch.calls, waited, what)
 
     def _report_setup(self, waited: float, what: str) -> None:
         """Abort a stalled set-up: no channel exists yet to ask which ranks are missing."""

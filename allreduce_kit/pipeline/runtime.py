@@ -84,11 +84,8 @@ class Runtime:
                                                                   " of an evaluation batch")
 
         def describe() -> str:
-            if receiving:
-                return (f"pipeline stage {stage} (rank {self.comm.myrank}) waiting for stage {peer_stage} (rank {peer}) "
-                        f"to send its {what}")
-            return (f"pipeline stage {stage} (rank {self.comm.myrank}) waiting for stage {peer_stage} (rank {peer}) "
-                    f"to receive the {what}")
+            waiting = f"pipeline stage {stage} (rank {self.comm.myrank}) waiting for stage {peer_stage} (rank {peer})"
+            return f"{waiting} to send its {what}" if receiving else f"{waiting} to receive the {what}"
         INSPECTOR.wait(request, self.comm.watch, peer, describe)
 
     def _failed(self, error: BaseException, a: Action) -> None:

@@ -29,7 +29,8 @@ from the ``input_args`` or ``output_args`` it was given (example tensors: their 
 dimension, and their dtype), makes every rank raise the same ``PipelineShapeError`` naming the stage.
 Every wait for another rank (a message not yet sent, a send not yet received) is watched by the stall
 inspector (docs/reliability.md): a stage that hangs or dies ends the job, named by the ranks
-waiting on it.
+waiting on it. An exception in a stage's forward or backward carries a note naming the schedule,
+the stage, the rank and the micro-batch.
 
 Stage i runs on rank i mod P of the ``group`` (P ranks; default ``COMM_WORLD``): one stage per
 rank for ``ScheduleGPipe`` and ``Schedule1F1B``, the stages i, i + P, ... of a rank for
@@ -246,37 +247,42 @@ class _Schedule:
         outputs: Dict[int, torch.Tensor] = {}
         sends: List[Any] = []
         for a in self.mine:
-            stage = self.stages[a.stage]
-            if a.kind == "F":
-                if a.stage == 0:
-                    x = inputs[a.mb]
+            try:
+                stage = self.stages[a.stage]
+                if a.kind == "F":
+                    if a.stage == 0:
+                        x = inputs[a.mb]
+                    else:
+                        x = torch.from_numpy(self._recv(a.stage, a.stage - 1, tag_of("F", a.mb, a.stage, self.total),
+                                                        f"activations of micro-batch {a.mb}"))
+                        x.requires_grad_(True)
+                    out = stage.submod(x)
+                    if not isinstance(out, torch.Tensor):
+                        raise TypeError(f"stage {a.stage} returned {type(out).__name__}; a stage returns one tensor")
+                    if a.stage == last:
+                        outputs[a.mb] = out.detach()
+                        out = self.loss_fn(out, targets[a.mb])
+                        if losses is not None:
+                            losses.append(out.detach())
+                    else:
+                        sends.append((self.lib.isend(out.detach().numpy(), dest=peer(a.stage + 1),
+                                                     tag=tag_of("F", a.mb, a.stage + 1, self.total)), a, a.stage + 1))
+                    kept[(a.mb, a.stage)] = (x, out)
                 else:
-                    x = torch.from_numpy(self._recv(a.stage, a.stage - 1, tag_of("F", a.mb, a.stage, self.total),
-                                                    f"activations of micro-batch {a.mb}"))
-                    x.requires_grad_(True)
-                out = stage.submod(x)
-                if not isinstance(out, torch.Tensor):
-                    raise TypeError(f"stage {a.stage} returned {type(out).__name__}; a stage returns one tensor")
-                if a.stage == last:
-                    outputs[a.mb] = out.detach()
-                    out = self.loss_fn(out, targets[a.mb])
-                    if losses is not None:
-                        losses.append(out.detach())
-                else:
-                    sends.append((self.lib.isend(out.detach().numpy(), dest=peer(a.stage + 1),
-                                                 tag=tag_of("F", a.mb, a.stage + 1, self.total)), a, a.stage + 1))
-                kept[(a.mb, a.stage)] = (x, out)
-            else:
-                x, out = kept.pop((a.mb, a.stage))
-                if a.stage == last:
-                    out.backward()
-                else:
-                    grad = torch.from_numpy(self._recv(a.stage, a.stage + 1, tag_of("B", a.mb, a.stage, self.total),
-                                                       f"gradient of micro-batch {a.mb}"))
-                    torch.autograd.backward(out, grad_tensors=grad)
-                if a.stage > 0:
-                    sends.append((self.lib.isend(x.grad.numpy(), dest=peer(a.stage - 1),
-                                                 tag=tag_of("B", a.mb, a.stage - 1, self.total)), a, a.stage - 1))
+                    x, out = kept.pop((a.mb, a.stage))
+                    if a.stage == last:
+                        out.backward()
+                    else:
+                        grad = torch.from_numpy(self._recv(a.stage, a.stage + 1, tag_of("B", a.mb, a.stage, self.total),
+                                                           f"gradient of micro-batch {a.mb}"))
+                        torch.autograd.backward(out, grad_tensors=grad)
+                    if a.stage > 0:
+                        sends.append((self.lib.isend(x.grad.numpy(), dest=peer(a.stage - 1),
+                                                     tag=tag_of("B", a.mb, a.stage - 1, self.total)), a, a.stage - 1))
+            except Exception as error:
+                error.add_note(f"in {type(self).__name__}'s stage {a.stage} on rank {self.lib.myrank}: the "
+                               f"{'forward' if a.kind == 'F' else 'backward'} of micro-batch {a.mb}")
+                raise
         for request, a, to in sends:
             what = "activations" if a.kind == "F" else "gradient"
             self._wait(request, peer(to), lambda: f"stage {a.stage} (rank {self.lib.myrank}) waiting for stage {to} "

@@ -4,7 +4,8 @@ A 64-32-...-10 ``nn.Sequential`` cut into P stages (``ScheduleGPipe``, ``Schedul
 (``ScheduleInterleaved1F1B``), 4 micro-batches (2P interleaved), float64: after two SGD steps every rank's stage
 holds the parameters of the same layers of the whole model trained in one process on the whole
 batch (allclose 1e-10), and the last stage returns the outputs and the micro-batches' losses.
-At 2 and 3 ranks (suite time)."""
+Stages that do not fit together raise on every rank at the first step, naming the stage; a stage
+that raises is named in its error. At 2 and 3 ranks (suite time)."""
 import copy
 
 import pytest
@@ -13,8 +14,8 @@ from mpi4py import MPI
 torch = pytest.importorskip("torch")
 
 from allreduce_kit.comm import library_comm  # noqa: E402
-from allreduce_kit.torch.pipelining import (PipelineShapeError, PipelineStage, Schedule1F1B, ScheduleGPipe,  # noqa: E402
-                                            ScheduleInterleaved1F1B)
+from allreduce_kit.torch.pipelining import (PipelineShapeError, PipelineStage, Schedule1F1B,  # noqa: E402
+                                            ScheduleGPipe, ScheduleInterleaved1F1B)
 
 P, RANK = MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank()
 
@@ -117,4 +118,29 @@ def test_stages_that_do_not_fit_together_raise_on_every_rank_at_the_first_step(c
         run(fit, input_args=torch.zeros(1, 6))
     out = run(fit)
     assert (out is not None) == (RANK == P - 1)
+    assert not library_comm(comm).Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(P != 2, reason="two stages suffice")
+def test_a_stage_that_raises_is_named_in_the_error(comm):
+    """Stage 0 raises in the forward of micro-batch 1, stage 1 in that of micro-batch 0 (each after
+    the first step's shape check): each error carries a note naming the schedule, the stage, the
+    rank and the micro-batch. (Both raise, so that neither waits for the other.)"""
+    class Fails(torch.nn.Linear):
+        calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            if self.calls == 3 - RANK:
+                raise ValueError("injected fault")
+            return super().forward(x)
+
+    stage = PipelineStage(Fails(4, 4), RANK, 2, group=comm)
+    schedule = ScheduleGPipe(stage, 2, loss_fn=torch.nn.functional.cross_entropy)
+    with pytest.raises(ValueError, match="injected fault") as raised:
+        schedule.step(torch.randn(4, 4) if RANK == 0 else None, target=torch.randint(0, 4, (4,)) if RANK else None)
+    assert raised.value.__notes__ == [f"in ScheduleGPipe's stage {RANK} on rank {RANK}: the forward of micro-batch "
+                                      f"{1 - RANK}"]
+    comm.Barrier()
     assert not library_comm(comm).Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
