@@ -177,22 +177,26 @@ class _Schedule:
                            f"to send its {what}")
         return self.lib.recv(source=source, tag=tag)
 
-    def _check_shapes(self, first_input: Optional[torch.Tensor]) -> None:
+    def _check_shapes(self, first_input: Optional[torch.Tensor], problem: Optional[Exception]) -> None:
         """Every stage's forward on its predecessor's output's shape and dtype, stage 0 to the last,
         before the first micro-batch; a stage that does not fit makes every rank raise
-        ``PipelineShapeError`` naming it (the last stage's rank tells every rank the outcome)."""
+        ``PipelineShapeError`` naming it (the last stage's rank tells every rank the outcome).
+        ``problem``: this rank's bad ``step`` argument (the input at stage 0, the target at the
+        last), passed along instead, so that every rank raises it."""
         me, last = self.lib.myrank, self.total - 1
         carried: Any = None                         # what the previous stage passed on, where it is on this rank
         for k in sorted(self.stages):
             stage = self.stages[k]
             if k == 0:
-                got: Any = (tuple(first_input.shape[1:]), first_input.dtype, first_input.shape[0])
+                got: Any = problem or (tuple(first_input.shape[1:]), first_input.dtype, first_input.shape[0])
             elif (k - 1) % self.ranks == me:
                 got = carried
             else:
                 got = self._recv(k, k - 1, META_TAG, "output's shape and dtype (the first step's check)")
             if isinstance(got, tuple):
                 got = self._infer(stage, k, *got)
+            if k == last and problem is not None and not isinstance(got, (str, Exception)):
+                got = problem
             carried = got
             if k < last and (k + 1) % self.ranks != me:
                 self._wait(self.lib.isend(got, dest=(k + 1) % self.ranks, tag=META_TAG), (k + 1) % self.ranks,
@@ -203,6 +207,8 @@ class _Schedule:
         self.checked = True
         if isinstance(outcome, str):
             raise PipelineShapeError(f"{type(self).__name__}: {outcome}")
+        if isinstance(outcome, Exception):
+            raise type(outcome)(*outcome.args)
 
     def _infer(self, stage: PipelineStage, k: int, shape: tuple, dtype: Any, rows: int) -> Any:
         """Stage ``k``'s output (shape, dtype, rows) on zeros of its input's, or why it does not fit."""
@@ -228,20 +234,26 @@ class _Schedule:
         last's; gradients accumulate into the stages' parameters (call ``zero_grad`` between steps)."""
         M, last = self.n_microbatches, self.total - 1
         inputs: List[torch.Tensor] = []
+        targets: List[Any] = []
+        problem: Optional[Exception] = None
         if 0 in self.stages:
             if len(args) != 1 or kwargs or not isinstance(args[0], torch.Tensor):
-                raise TypeError(f"{type(self).__name__}.step: the first stage takes one tensor")
-            if args[0].shape[0] < M:
-                raise ValueError(f"{type(self).__name__}.step: a batch of {args[0].shape[0]} cannot be cut into "
-                                 f"{M} micro-batches")
-            inputs = list(torch.tensor_split(args[0], M, dim=0))
-        targets: List[Any] = []
-        if last in self.stages:
+                problem = TypeError(f"{type(self).__name__}.step: the first stage takes one tensor")
+            elif args[0].dim() == 0 or args[0].shape[0] < M:
+                rows = args[0].shape[0] if args[0].dim() else 0
+                problem = ValueError(f"{type(self).__name__}.step: a batch of {rows} cannot be cut into {M} "
+                                     f"micro-batches")
+            else:
+                inputs = list(torch.tensor_split(args[0], M, dim=0))
+        if last in self.stages and problem is None:
             if target is None:
-                raise ValueError(f"{type(self).__name__}.step: the last stage needs target for loss_fn")
-            targets = list(torch.tensor_split(target, M, dim=0))
-        if not self.checked:
-            self._check_shapes(inputs[0] if inputs else None)
+                problem = ValueError(f"{type(self).__name__}.step: the last stage needs target for loss_fn")
+            else:
+                targets = list(torch.tensor_split(target, M, dim=0))
+        if not self.checked:                        # at the first step, every rank raises a rank's bad argument
+            self._check_shapes(inputs[0] if inputs else None, problem)
+        elif problem is not None:
+            raise problem
         peer = lambda stage: stage % self.ranks
         kept: Dict[tuple, tuple] = {}
         outputs: Dict[int, torch.Tensor] = {}

@@ -97,7 +97,8 @@ def test_stages_that_do_not_fit_together_raise_on_every_rank_at_the_first_step(c
     """Stage 0 puts out 9 features where stage 1 takes 8; float32 where stage 1 is float64;
     input_args that stage 1's predecessor does not match: every rank raises the same error naming
     the stage, before any micro-batch runs (as torch.distributed.pipelining's first-step metadata
-    inference checks), and a pipeline that fits runs after them."""
+    inference checks). The last stage's rank forgetting the target: every rank raises its error.
+    A pipeline that fits runs after them."""
     X, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
 
     def run(pairs, dtype=torch.float32, input_args=None):
@@ -116,6 +117,9 @@ def test_stages_that_do_not_fit_together_raise_on_every_rank_at_the_first_step(c
     with pytest.raises(PipelineShapeError, match=r"stage 1 expects input \(rows, 6\) of float32 \(input_args\), "
                                                  r"stage 0's output is \(rows, 5\) of float32"):
         run(fit, input_args=torch.zeros(1, 6))
+    with pytest.raises(ValueError, match=r"^Schedule1F1B.step: the last stage needs target for loss_fn$"):
+        stage = PipelineStage(torch.nn.Linear(*fit[RANK]), RANK, P, group=comm)
+        Schedule1F1B(stage, 2, loss_fn=torch.nn.functional.cross_entropy).step(X if RANK == 0 else None)
     out = run(fit)
     assert (out is not None) == (RANK == P - 1)
     assert not library_comm(comm).Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
