@@ -5,7 +5,8 @@ A 64-32-...-10 ``nn.Sequential`` cut into P stages (``ScheduleGPipe``, ``Schedul
 holds the parameters of the same layers of the whole model trained in one process on the whole
 batch (allclose 1e-10), and the last stage returns the outputs and the micro-batches' losses.
 Stages that do not fit together raise on every rank at the first step, naming the stage; a stage
-that raises is named in its error. At 2 and 3 ranks (suite time)."""
+that raises is named in its error; ``ScheduleGPipe`` and ``Schedule1F1B`` train as
+``torch.distributed.pipelining``'s do over Gloo. At 2 and 3 ranks (suite time)."""
 import copy
 
 import pytest
@@ -148,3 +149,67 @@ def test_a_stage_that_raises_is_named_in_the_error(comm):
                                       f"{1 - RANK}"]
     comm.Barrier()
     assert not library_comm(comm).Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+
+
+def _gloo_stage(rank: int, size: int) -> torch.nn.Module:
+    """Stage ``rank`` of a 12-16-...-5 MLP of ``size`` linear layers (a ReLU after all but the last)."""
+    torch.manual_seed(0)
+    widths = [12] + [16 - i for i in range(size - 1)] + [5]
+    layers = [torch.nn.Sequential(torch.nn.Linear(a, b), *([torch.nn.ReLU()] if i < size - 1 else []))
+              for i, (a, b) in enumerate(zip(widths[:-1], widths[1:]))]
+    return layers[rank].double()
+
+
+def _train(schedule, module, steps=3):
+    """(first step's gradients, each step's losses and outputs on the last stage, final parameters)."""
+    g = torch.Generator().manual_seed(1)
+    X, y = torch.randn(16, 12, generator=g, dtype=torch.float64), torch.randint(0, 5, (16,), generator=g)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9)
+    grads, seen = None, []
+    for step in range(steps):
+        optimizer.zero_grad()
+        losses = []
+        out = schedule.step(X if RANK == 0 else None, target=y if RANK == P - 1 else None, losses=losses)
+        grads = grads or [p.grad.clone() for p in module.parameters()]
+        if RANK == P - 1:
+            seen.append((torch.stack([loss.detach() for loss in losses]), out.detach()))
+        optimizer.step()
+    return grads, seen, [p.detach().clone() for p in module.parameters()]
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(P != 2, reason="at 2 ranks (suite time)")
+def test_gpipe_and_1f1b_train_as_torch_distributed_pipelining_does_over_gloo(comm):
+    """The same split float64 MLP, the same 4 micro-batches, three SGD steps with momentum, by our
+    ScheduleGPipe and Schedule1F1B over MPI and torch.distributed.pipelining's over a Gloo process
+    group on the same ranks: the same first-step gradients, losses, outputs and parameters (1e-10)."""
+    import datetime
+    import socket
+
+    import torch.distributed as dist
+    import torch.distributed.pipelining as theirs
+
+    import allreduce_kit.torch.pipelining as ours
+
+    port = None
+    if RANK == 0:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{comm.bcast(port, root=0)}", rank=RANK,
+                            world_size=P, timeout=datetime.timedelta(seconds=60))
+    try:
+        loss_fn = torch.nn.functional.cross_entropy
+        for name in ("ScheduleGPipe", "Schedule1F1B"):
+            mine, reference = _gloo_stage(RANK, P), _gloo_stage(RANK, P)
+            got = _train(getattr(ours, name)(ours.PipelineStage(mine, RANK, P, group=comm), 4, loss_fn=loss_fn), mine)
+            want = _train(getattr(theirs, name)(theirs.PipelineStage(reference, RANK, P, torch.device("cpu")), 4,
+                                                loss_fn=loss_fn), reference)
+            for a, b in zip(got[0] + got[2], want[0] + want[2]):
+                torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=lambda m: f"{name}: {m}")
+            assert len(got[1]) == len(want[1]) == (3 if RANK == P - 1 else 0)
+            for (la, oa), (lb, ob) in zip(got[1], want[1]):
+                torch.testing.assert_close(la, lb, rtol=1e-10, atol=1e-12, msg=lambda m: f"{name} losses: {m}")
+                torch.testing.assert_close(oa, ob, rtol=1e-10, atol=1e-12, msg=lambda m: f"{name} outputs: {m}")
+    finally:
+        dist.destroy_process_group()
