@@ -100,7 +100,9 @@ def _communicator(group: Any):
 
 
 class PipelineStage:
-    """``submodule`` as stage ``stage_index`` of ``num_stages``; ``device`` must be CPU (or None)."""
+    """``submodule`` as stage ``stage_index`` of ``num_stages``; ``device`` must be CPU (or None);
+    ``input_args`` and ``output_args``, if given, example tensors of what the stage takes and puts
+    out (checked at the first step: their shape but the first dimension, and their dtype)."""
 
     def __init__(self, submodule: torch.nn.Module, stage_index: int, num_stages: int, device: Any = None,
                  input_args: Any = None, output_args: Any = None, group: Any = None):
@@ -200,7 +202,8 @@ class _Schedule:
             carried = got
             if k < last and (k + 1) % self.ranks != me:
                 self._wait(self.lib.isend(got, dest=(k + 1) % self.ranks, tag=META_TAG), (k + 1) % self.ranks,
-                           lambda: f"stage {k} (rank {me}) waiting for stage {k + 1} to receive its output's shape")
+                           lambda: f"stage {k} (rank {me}) waiting for stage {k + 1} (rank {(k + 1) % self.ranks}) "
+                                   f"to receive its output's shape and dtype (the first step's check)")
         from ..stall import INSPECTOR
         with INSPECTOR.watching(self.lib.watch, f"{type(self).__name__}: the first step's shape check (bcast)"):
             outcome = self.lib.bcast(carried if last in self.stages else None, root=last % self.ranks)
