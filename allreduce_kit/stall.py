@@ -14,6 +14,11 @@ same call, described alike, are only slow, and are waited for. The cost on the c
 a counter increment and one tuple per call; the watchdog thread, not the caller, reads the
 clock and writes the descriptions.
 
+Point-to-point waits (a pipeline's activations and gradients between stages) are watched too,
+by ``Inspector.wait``: they have no call number, since ranks make different numbers of them, so
+when one stalls the watchdog asks only the rank it waits on what that rank is doing (``Watch.ask``),
+prints both and ends the job.
+
 The timeout comes from ``allreduce(..., stall_timeout=S)``, else ``set_stall_timeout(S)``, else
 ``ALLREDUCE_KIT_STALL_TIMEOUT`` (seconds; default 60; 0 turns the inspector off).
 """
@@ -23,7 +28,7 @@ import threading
 import time
 import zlib
 from contextlib import contextmanager
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -103,19 +108,30 @@ class Watch:
 
     def answer(self) -> np.ndarray:
         """This rank's answer: the call it has reached (``calls``) and, if it is inside that call
-        on this communicator, the call's description. The caller's thread may move on while this
-        is read: the description is given only if the call count did not change around reading
-        the call in progress, and that call is this communicator's."""
+        on this communicator, the call's description (kind 1). The caller's thread may move on while
+        this is read: the description is given only if the call count did not change around
+        reading the call in progress, and that call is this communicator's. A rank waiting
+        elsewhere (a point-to-point wait, a collective on another communicator) describes that
+        wait (kind 2), which no collective's comparison counts as being inside it."""
         reply = np.zeros(REPLY_BYTES, np.uint8)
         head = reply[:_HEAD].view(np.int64)
         calls = self.calls
         current = INSPECTOR.current
         head[0] = calls
-        if current is not None and current[0] is self and self.calls == calls:
-            text = describe(current).encode()
-            kept = text[:REPLY_BYTES - _HEAD]
-            head[1:] = 1, len(text), zlib.crc32(text)
-            reply[_HEAD:_HEAD + len(kept)] = np.frombuffer(kept, np.uint8)
+        if current is None:
+            return reply
+        if current[0] is self:
+            if self.calls != calls:
+                return reply
+            kind = 1
+        elif current[0] is not None:
+            kind = 2                    # waiting elsewhere: a point-to-point wait, a call on another communicator
+        else:
+            return reply
+        text = describe(current).encode()
+        kept = text[:REPLY_BYTES - _HEAD]
+        head[1:] = kind, len(text), zlib.crc32(text)
+        reply[_HEAD:_HEAD + len(kept)] = np.frombuffer(kept, np.uint8)
         return reply
 
     def answer_queries(self) -> None:
@@ -125,6 +141,26 @@ class Watch:
             self.replies.append(self.channel.Isend(self.answer(), dest=status.Get_source(), tag=REPLY))
             self.request = self.channel.Irecv(self.inbox, source=MPI.ANY_SOURCE, tag=QUERY)
         self.replies = [r for r in self.replies if not r.Test()]
+
+    def ask(self, peer: int) -> Optional[Tuple[int, str]]:
+        """Ask rank ``peer``'s watchdog what that rank is waiting in: None if it does not answer
+        within ``ANSWER_WINDOW``, else (0, "") where it waits in none of the library's calls, (1,
+        its description) where it is inside this communicator's collective, (2, its description)
+        where it waits elsewhere (a point-to-point wait, a call on another communicator)."""
+        answer = np.zeros(REPLY_BYTES, np.uint8)
+        receive = self.channel.Irecv(answer, source=peer, tag=REPLY)
+        ask = self.channel.Isend(np.array([-1], np.int64), dest=peer, tag=QUERY)
+        deadline = time.monotonic() + ANSWER_WINDOW
+        while time.monotonic() < deadline and not receive.Test():
+            self.answer_queries()  # the peer may be asking us at the same time
+            time.sleep(0.01)
+        del ask
+        if not receive.Test():
+            return None
+        head = answer[:_HEAD].view(np.int64)
+        length = int(head[2])
+        text = answer[_HEAD:_HEAD + min(length, REPLY_BYTES - _HEAD)].tobytes().decode(errors="replace")
+        return int(head[1]), text if length <= REPLY_BYTES - _HEAD else text + "..."
 
     def missing_ranks(self, call: int) -> Tuple[List[int], List[int], Dict[int, Tuple[str, int, int]]]:
         """Ask every other rank which call it has reached: (behind ``call``, did not answer, and
@@ -145,15 +181,30 @@ class Watch:
         silent = [r for r in others if not receives[r].Test()]
         inside = {}
         for r in others:
-            if r not in silent and heads[r][0] == call and heads[r][1]:
+            if r not in silent and heads[r][0] == call and heads[r][1] == 1:
                 length, checksum = int(heads[r][2]), int(heads[r][3])
                 text = answers[r][_HEAD:_HEAD + min(length, REPLY_BYTES - _HEAD)].tobytes().decode(errors="replace")
                 inside[r] = (text if length <= REPLY_BYTES - _HEAD else text + "...", length, checksum)
         return behind, silent, inside
 
 
+class PeerWait:
+    """A point-to-point wait on ``watch``'s communicator for rank ``peer`` (its message, or its
+    receiving ours): watched like a collective, but with no call number (ranks make different
+    numbers of them), and when it stalls only ``peer`` is asked what it is doing."""
+    __slots__ = ("watch", "peer")
+
+    def __init__(self, watch: Watch, peer: int):
+        self.watch, self.peer = watch, peer
+
+    @property
+    def calls(self) -> int:
+        return self.watch.calls
+
+
 class Inspector:
-    """The process's watchdog thread and the collective it is watching now, if any."""
+    """The process's watchdog thread and the collective (or point-to-point wait) it is watching
+    now, if any."""
 
     def __init__(self):
         self.current: Optional[tuple] = None
@@ -199,6 +250,24 @@ class Inspector:
         self.current = (watch, timeout, what, None)
         try:
             yield
+        finally:
+            self.current = None
+
+    def wait(self, request: MPI.Request, watch: Watch, peer: int, what: Callable[[], str],
+             timeout: Optional[float] = None) -> None:
+        """``request.Wait()``, watched: ``request`` is a point-to-point call on ``watch``'s
+        communicator with rank ``peer``, and ``what()`` says what this rank waits for (made only
+        if the request is not complete at once). If it waits longer than the timeout, the
+        watchdog asks ``peer`` what it is doing, prints both and aborts the job."""
+        if request.Test():
+            return
+        if self.current is not None:          # inside a watched call: that one is watched
+            request.Wait()
+            return
+        self.start()
+        self.current = (PeerWait(watch, peer), timeout, what(), None)
+        try:
+            request.Wait()
         finally:
             self.current = None
 
@@ -277,7 +346,10 @@ class Inspector:
                 what = describe(current)
                 if watch is None:
                     self._report_setup(waited, what)
-                self._report(watch, watch.calls, waited, what)
+                elif isinstance(watch, PeerWait):
+                    self._report_peer(watch, waited, what)
+                else:
+                    self._report(watch, watch.calls, waited, what)
 
     def _report_setup(self, waited: float, what: str) -> None:
         """Abort a stalled set-up: no channel exists yet to ask which ranks are missing."""
@@ -285,6 +357,20 @@ class Inspector:
         abort_job(f"allreduce_kit: stall: {what} has waited {waited:.1f} s on rank {rank} (world): some rank "
                   f"of the communicator has not made its first collective call, and which one cannot be known "
                   f"before the communicator is set up. Aborting the job.")
+
+    def _report_peer(self, wait: PeerWait, waited: float, what: str) -> None:
+        """Abort a stalled point-to-point wait, saying what the peer it waits on is doing."""
+        with self.lock:
+            answer = wait.watch.ask(wait.peer)
+        me = wait.watch.channel.Get_rank()
+        if answer is None:
+            state = "did not answer (dead, or blocked outside Python)"
+        elif answer[0] == 0:
+            state = "is in none of the library's waits (stuck in its own work: compute, I/O, a sleep)"
+        else:
+            state = f"is itself waiting: {answer[1]}"
+        abort_job(f"allreduce_kit: stall: {what}: has waited {waited:.1f} s on rank {me}; rank {wait.peer} "
+                  f"{state}. Aborting the job.")
 
     def _report(self, watch: Watch, call: int, waited: float, what: str) -> None:
         """Abort, naming the ranks that have not arrived, or the ranks in this call whose

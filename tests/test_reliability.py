@@ -38,6 +38,33 @@ def test_stall_timeout_names_the_hung_rank_and_ends_the_job(mpirun):
     assert "test accuracy" not in result.stdout
 
 
+PIPELINE = ["--hidden", "16,8", "--batch-size", "16", "--progress", "lines", "--micro-batches", "2"]
+
+
+def test_a_pipeline_stage_that_hangs_is_named_by_the_stages_waiting_on_it_and_the_job_ends(mpirun):
+    """Stage 1 of 3 (rank 1) sleeps ten minutes before its first step: stage 0 waits for its
+    gradient, stage 2 for its activations, in point-to-point waits the stall inspector watches."""
+    result = mpirun(3, TRAIN + PIPELINE + ["--pipeline", "3", "--straggler", "1:600000", "--stall-timeout", "2"],
+                    timeout=120)
+    assert result.returncode != 0
+    named = ["pipeline stage 0 (rank 0) waiting for stage 1 (rank 1) to send its gradient of micro-batch 0",
+             "pipeline stage 2 (rank 2) waiting for stage 1 (rank 1) to send its activations of micro-batch 0"]
+    assert any(text in result.stderr for text in named), result.stderr[-3000:]
+    assert "rank 1 is in none of the library's waits (stuck in its own work" in result.stderr, result.stderr[-3000:]
+    assert "test accuracy" not in result.stdout
+
+
+def test_a_pipeline_stage_that_raises_ends_the_job_on_every_rank_naming_the_stage(mpirun):
+    """Rank 1's stage (the last of 2) raises in its third forward (step 2); rank 0 waits on it,
+    and must not hang."""
+    result = mpirun(2, [TESTS / "pipeline_fault_driver.py", 1, 3] + PIPELINE + ["--pipeline", "2"], timeout=120,
+                    via_mpi4py=False)
+    assert result.returncode != 0
+    assert "allreduce_kit: uncaught ValueError on rank 1; aborting the job" in result.stderr, result.stderr[-3000:]
+    assert "ValueError: injected fault\nin pipeline stage 1 on rank 1: the forward of micro-batch 0" in result.stderr
+    assert "test accuracy" not in result.stdout
+
+
 # -- a rank killed with SIGKILL in the middle of training ------------------------------------------
 def _descendants(pid: int):
     children = {}

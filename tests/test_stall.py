@@ -110,6 +110,34 @@ def test_a_negative_timeout_is_refused_by_name():
         set_stall_timeout("5")
 
 
+def test_a_point_to_point_wait_longer_than_the_timeout_names_the_rank_waited_on_and_what_it_does(monkeypatch):
+    """``Inspector.wait`` (a pipeline's waits between stages) in one process: a receive nobody
+    has sent waits past its timeout; the watchdog asks the rank waited on (here itself, waiting)
+    what it does and ends the job, here an ``abort_job`` that records the message and sends the
+    message waited for, so the wait returns."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from allreduce_kit import stall
+    from allreduce_kit.comm import library_comm
+
+    lib = library_comm(MPI.COMM_SELF)
+    ended = []
+
+    def abort_job(message=None, code=1):
+        ended.append(message)
+        MPI.Comm(lib).Send(np.zeros(1), 0, tag=7)
+
+    monkeypatch.setattr(stall, "abort_job", abort_job)
+    request = MPI.Comm(lib).Irecv(np.empty(1), 0, tag=7)
+    what = "stage 1 (rank 0) waiting for stage 0 (rank 0) to send its activations of micro-batch 2"
+    stall.INSPECTOR.wait(request, lib.watch, 0, lambda: what, timeout=0.3)
+    assert len(ended) == 1, ended
+    assert re.fullmatch(rf"allreduce_kit: stall: {re.escape(what)}: has waited 0\.[3-9] s on rank 0; rank 0 is "
+                        rf"itself waiting: {re.escape(what)}\. Aborting the job\.", ended[0]), ended[0]
+    assert stall.INSPECTOR.current is None
+
+
 SKIPS = """
 import sys, time
 import numpy as np

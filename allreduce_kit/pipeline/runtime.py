@@ -9,6 +9,12 @@ in order, each receive posted a few actions ahead (``LOOKAHEAD``) so that an inp
 the rank computes, waits only for an input that has not arrived, and returns once its sends are
 complete: nothing is in flight between steps.
 
+Every wait for a peer (an input not yet arrived, a send not yet received) is watched by the stall
+inspector (``stall.Inspector.wait``): a wait longer than the stall timeout ends the job, naming the
+stage and rank waited on and what that rank is doing. An exception in a stage's forward or
+backward carries a note naming the stage, the micro-batch and the rank (the abort hook then
+ends the job on every rank).
+
 The runtime counts, per step, the time it waited for inputs (``idle``: the bubble as this rank
 saw it), the step's span, and the most micro-batches whose activations it held at once
 (``peak_live``, counted per virtual stage, as ``schedules.simulate`` counts them).
@@ -19,6 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
+from ..stall import INSPECTOR
 from .schedules import Action, rank_of_stage, tag_of
 from .stage import StageLayers, softmax_loss
 
@@ -69,6 +76,22 @@ class Runtime:
     def _rank(self, stage: int) -> int:
         return self.peers[rank_of_stage(stage, self.pipeline_ranks)]
 
+    def _wait(self, request: MPI.Request, stage: int, peer_stage: int, mb: int, kind: str, receiving: bool) -> None:
+        """Wait for ``request`` (a message of micro-batch ``mb``, -1: of an evaluation batch,
+        between ``stage`` here and ``peer_stage``), watched by the stall inspector."""
+        peer = self._rank(peer_stage)
+        what = ("activations" if kind == "F" else "gradient") + (f" of micro-batch {mb}" if mb >= 0 else
+                                                                  " of an evaluation batch")
+
+        def describe() -> str:
+            waiting = f"pipeline stage {stage} (rank {self.comm.myrank}) waiting for stage {peer_stage} (rank {peer})"
+            return f"{waiting} to send its {what}" if receiving else f"{waiting} to receive the {what}"
+        INSPECTOR.wait(request, self.comm.watch, peer, describe)
+
+    def _failed(self, error: BaseException, a: Action) -> None:
+        error.add_note(f"in pipeline stage {a.stage} on rank {self.comm.myrank}: the "
+                       f"{'forward' if a.kind == 'F' else 'backward'} of micro-batch {a.mb}")
+
     def step(self, rows: Sequence[int], inputs: Optional[Sequence[np.ndarray]] = None,
              targets: Optional[Sequence[np.ndarray]] = None, total: int = 1) -> Tuple[float, int]:
         """Run this rank's actions for micro-batches of ``rows`` samples each: ``inputs`` where
@@ -89,7 +112,7 @@ class Runtime:
             buf = np.empty((rows[a.mb], width), dtype=self.dtype)
             recvs[a] = (self.comm.Irecv(buf, source, tag_of(a.kind, a.mb, a.stage, self.total_stages)), buf)
 
-        sends: List[MPI.Request] = []
+        sends: List[Tuple[MPI.Request, Action, int]] = []     # the request, its action, the receiving stage
         held: List[np.ndarray] = []                  # send buffers, alive until their sends complete
         deltas: Dict[int, np.ndarray] = {}
         idle, live, peak, loss, correct = 0.0, 0, 0, 0.0, 0
@@ -104,35 +127,45 @@ class Runtime:
             if a in recvs:
                 request, data = recvs.pop(a)
                 t = time.perf_counter()
-                request.Wait()
+                self._wait(request, a.stage, a.stage - 1 if a.kind == "F" else a.stage + 1, a.mb, a.kind, True)
                 idle += time.perf_counter() - t
             elif a.kind == "F":
                 data = inputs[a.mb]
             else:
                 data = deltas.pop(a.mb)
             if a.kind == "F":
-                out = stage.forward(a.mb, data)
+                try:
+                    out = stage.forward(a.mb, data)
+                    if a.stage == last:
+                        l, c, deltas[a.mb] = softmax_loss(out, targets[a.mb], total)
+                except Exception as error:
+                    self._failed(error, a)
+                    raise
                 live += 1
                 peak = max(peak, live)
                 if a.stage == last:
-                    l, c, deltas[a.mb] = softmax_loss(out, targets[a.mb], total)
                     loss += l
                     correct += c
                 else:
                     out = np.ascontiguousarray(out)
                     held.append(out)
-                    sends.append(self.comm.Isend(out, self._rank(a.stage + 1),
-                                                 tag_of("F", a.mb, a.stage + 1, self.total_stages)))
+                    sends.append((self.comm.Isend(out, self._rank(a.stage + 1),
+                                                  tag_of("F", a.mb, a.stage + 1, self.total_stages)), a, a.stage + 1))
             else:
-                grad = stage.backward(a.mb, data)
+                try:
+                    grad = stage.backward(a.mb, data)
+                except Exception as error:
+                    self._failed(error, a)
+                    raise
                 live -= 1
                 if grad is not None:
                     grad = np.ascontiguousarray(grad)
                     held.append(grad)
-                    sends.append(self.comm.Isend(grad, self._rank(a.stage - 1),
-                                                 tag_of("B", a.mb, a.stage - 1, self.total_stages)))
+                    sends.append((self.comm.Isend(grad, self._rank(a.stage - 1),
+                                                  tag_of("B", a.mb, a.stage - 1, self.total_stages)), a, a.stage - 1))
         t = time.perf_counter()
-        MPI.Request.Waitall(sends)
+        for request, a, to in sends:
+            self._wait(request, a.stage, to, a.mb, a.kind, False)
         idle += time.perf_counter() - t
         s = self.stats
         s.idle += idle
@@ -151,8 +184,11 @@ class Runtime:
             stage = self.layers[k]
             if k > 0:
                 x = np.empty((rows, stage.in_width), dtype=self.dtype)
-                self.comm.Recv(x, self._rank(k - 1), tag_of("F", 0, k, self.total_stages))
+                self._wait(self.comm.Irecv(x, self._rank(k - 1), tag_of("F", 0, k, self.total_stages)), k, k - 1, -1,
+                           "F", True)
             out = stage.forward(0, x, keep=False)
             if k < last:
-                self.comm.Send(np.ascontiguousarray(out), self._rank(k + 1), tag_of("F", 0, k + 1, self.total_stages))
+                out = np.ascontiguousarray(out)
+                self._wait(self.comm.Isend(out, self._rank(k + 1), tag_of("F", 0, k + 1, self.total_stages)), k, k + 1,
+                           -1, "F", False)
         return out if last in self.layers else None

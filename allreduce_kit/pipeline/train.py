@@ -23,6 +23,7 @@ from mpi4py import MPI
 
 from ..comm import library_comm
 from ..params import FlatParameters, average_buffer
+from ..stall import INSPECTOR
 from ..train import checkpoint as ckpt_format
 from ..train import data
 from ..train.model import MLP
@@ -204,7 +205,9 @@ class PipelineTrainer:
             self.sent += 2.0 * self.grads.nbytes * (self.replicas - 1) / self.replicas
         t2 = time.perf_counter()
         # The replicas of a stage hold bitwise the same average; the stages agree with one small call.
-        if not self.comm.allreduce(all_finite(self.grads), op=MPI.LAND):
+        with INSPECTOR.watching(self.comm.watch, "pipeline: the step's finiteness check (allreduce of one flag)"):
+            finite = self.comm.allreduce(all_finite(self.grads), op=MPI.LAND)
+        if not finite:
             if self.config.on_nonfinite == "abort":
                 raise NonFiniteError(self.step + 1, self.plan.position(self.step)[0] + 1)
             self.skipped_steps.append(self.step + 1)
@@ -284,7 +287,8 @@ class PipelineTrainer:
         totals[:3] = sums
         totals[3] = self.evaluate(self.data.X_test[test], self.data.y_test[test])
         totals[4] = len(self.data.y_test[test]) if self.holds_last else 0
-        totals = self.comm.allreduce(totals)
+        with INSPECTOR.watching(self.comm.watch, "pipeline: the epoch's totals (allreduce of 5 numbers)"):
+            totals = self.comm.allreduce(totals)
         seconds = float(self.comm.bcast(seconds, root=0))
         lr = learning_rate(self.config.lr, self.replicas, self.config.lr_scaling, self.warmup_steps,
                            max(self.step - 1, 0))

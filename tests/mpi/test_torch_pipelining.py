@@ -4,7 +4,9 @@ A 64-32-...-10 ``nn.Sequential`` cut into P stages (``ScheduleGPipe``, ``Schedul
 (``ScheduleInterleaved1F1B``), 4 micro-batches (2P interleaved), float64: after two SGD steps every rank's stage
 holds the parameters of the same layers of the whole model trained in one process on the whole
 batch (allclose 1e-10), and the last stage returns the outputs and the micro-batches' losses.
-At 2 and 3 ranks (suite time)."""
+Stages that do not fit together raise on every rank at the first step, naming the stage; a stage
+that raises is named in its error; ``ScheduleGPipe`` and ``Schedule1F1B`` train as
+``torch.distributed.pipelining``'s do over Gloo. At 2 and 3 ranks (suite time)."""
 import copy
 
 import pytest
@@ -12,8 +14,9 @@ from mpi4py import MPI
 
 torch = pytest.importorskip("torch")
 
-from allreduce_kit.torch.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,  # noqa: E402
-                                            ScheduleInterleaved1F1B)
+from allreduce_kit.comm import library_comm  # noqa: E402
+from allreduce_kit.torch.pipelining import (PipelineShapeError, PipelineStage, Schedule1F1B,  # noqa: E402
+                                            ScheduleGPipe, ScheduleInterleaved1F1B)
 
 P, RANK = MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank()
 
@@ -87,3 +90,126 @@ def test_a_stage_on_the_wrong_rank_is_refused_before_any_message(comm):
     with pytest.raises(ValueError, match="ScheduleInterleaved1F1B: the interleaved schedule takes micro-batches"):
         ScheduleInterleaved1F1B([PipelineStage(torch.nn.Linear(2, 2), RANK + j * P, 2 * P, group=comm)
                                  for j in range(2)], P + 1, loss_fn=sum)
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(P not in (2, 3), reason="at 2 and 3 ranks")
+def test_stages_that_do_not_fit_together_raise_on_every_rank_at_the_first_step(comm):
+    """Stage 0 puts out 9 features where stage 1 takes 8; float32 where stage 1 is float64;
+    input_args that stage 1's predecessor does not match: every rank raises the same error naming
+    the stage, before any micro-batch runs (as torch.distributed.pipelining's first-step metadata
+    inference checks). The last stage's rank forgetting the target: every rank raises its error.
+    A pipeline that fits runs after them."""
+    X, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+
+    def run(pairs, dtype=torch.float32, input_args=None):
+        module = torch.nn.Linear(*pairs[RANK]).to(dtype if RANK else torch.float32)
+        stage = PipelineStage(module, RANK, P, group=comm, input_args=input_args if RANK == 1 else None)
+        return Schedule1F1B(stage, 2, loss_fn=torch.nn.functional.cross_entropy).step(
+            X if RANK == 0 else None, target=y if RANK == P - 1 else None)
+
+    fit = [(4, 5)] + [(5, 5)] * (P - 2) + [(5, 2)]
+    with pytest.raises(PipelineShapeError, match=r"^Schedule1F1B: stage 1's forward raised on stage 0's output, "
+                                                 r"\(rows, 9\) of float32: RuntimeError: mat1 and mat2 shapes"):
+        run([(4, 9)] + fit[1:])
+    with pytest.raises(PipelineShapeError, match=r"stage 1's forward raised on stage 0's output, \(rows, 5\) of "
+                                                 r"float32: RuntimeError: mat1 and mat2 must have the same dtype"):
+        run(fit, torch.float64)
+    with pytest.raises(PipelineShapeError, match=r"stage 1 expects input \(rows, 6\) of float32 \(input_args\), "
+                                                 r"stage 0's output is \(rows, 5\) of float32"):
+        run(fit, input_args=torch.zeros(1, 6))
+    with pytest.raises(ValueError, match=r"^Schedule1F1B.step: the last stage needs target for loss_fn$"):
+        stage = PipelineStage(torch.nn.Linear(*fit[RANK]), RANK, P, group=comm)
+        Schedule1F1B(stage, 2, loss_fn=torch.nn.functional.cross_entropy).step(X if RANK == 0 else None)
+    out = run(fit)
+    assert (out is not None) == (RANK == P - 1)
+    assert not library_comm(comm).Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(P != 2, reason="two stages suffice")
+def test_a_stage_that_raises_is_named_in_the_error(comm):
+    """Stage 0 raises in the forward of micro-batch 1, stage 1 in that of micro-batch 0 (each after
+    the first step's shape check): each error carries a note naming the schedule, the stage, the
+    rank and the micro-batch. (Both raise, so that neither waits for the other.)"""
+    class Fails(torch.nn.Linear):
+        calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            if self.calls == 3 - RANK:
+                raise ValueError("injected fault")
+            return super().forward(x)
+
+    stage = PipelineStage(Fails(4, 4), RANK, 2, group=comm)
+    schedule = ScheduleGPipe(stage, 2, loss_fn=torch.nn.functional.cross_entropy)
+    with pytest.raises(ValueError, match="injected fault") as raised:
+        schedule.step(torch.randn(4, 4) if RANK == 0 else None, target=torch.randint(0, 4, (4,)) if RANK else None)
+    assert raised.value.__notes__ == [f"in ScheduleGPipe's stage {RANK} on rank {RANK}: the forward of micro-batch "
+                                      f"{1 - RANK}"]
+    comm.Barrier()
+    assert not library_comm(comm).Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+
+
+def _gloo_stage(rank: int, size: int) -> torch.nn.Module:
+    """Stage ``rank`` of a 12-16-...-5 MLP of ``size`` linear layers (a ReLU after all but the last)."""
+    torch.manual_seed(0)
+    widths = [12] + [16 - i for i in range(size - 1)] + [5]
+    layers = [torch.nn.Sequential(torch.nn.Linear(a, b), *([torch.nn.ReLU()] if i < size - 1 else []))
+              for i, (a, b) in enumerate(zip(widths[:-1], widths[1:]))]
+    return layers[rank].double()
+
+
+def _train(schedule, module, steps=3):
+    """(first step's gradients, each step's losses and outputs on the last stage, final parameters)."""
+    g = torch.Generator().manual_seed(1)
+    X, y = torch.randn(16, 12, generator=g, dtype=torch.float64), torch.randint(0, 5, (16,), generator=g)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9)
+    grads, seen = None, []
+    for step in range(steps):
+        optimizer.zero_grad()
+        losses = []
+        out = schedule.step(X if RANK == 0 else None, target=y if RANK == P - 1 else None, losses=losses)
+        grads = grads or [p.grad.clone() for p in module.parameters()]
+        if RANK == P - 1:
+            seen.append((torch.stack([loss.detach() for loss in losses]), out.detach()))
+        optimizer.step()
+    return grads, seen, [p.detach().clone() for p in module.parameters()]
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(P != 2, reason="at 2 ranks (suite time)")
+def test_gpipe_and_1f1b_train_as_torch_distributed_pipelining_does_over_gloo(comm):
+    """The same split float64 MLP, the same 4 micro-batches, three SGD steps with momentum, by our
+    ScheduleGPipe and Schedule1F1B over MPI and torch.distributed.pipelining's over a Gloo process
+    group on the same ranks: the same first-step gradients, losses, outputs and parameters (1e-10)."""
+    import datetime
+    import socket
+
+    import torch.distributed as dist
+    import torch.distributed.pipelining as theirs
+
+    import allreduce_kit.torch.pipelining as ours
+
+    port = None
+    if RANK == 0:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{comm.bcast(port, root=0)}", rank=RANK,
+                            world_size=P, timeout=datetime.timedelta(seconds=60))
+    try:
+        loss_fn = torch.nn.functional.cross_entropy
+        for name in ("ScheduleGPipe", "Schedule1F1B"):
+            mine, reference = _gloo_stage(RANK, P), _gloo_stage(RANK, P)
+            got = _train(getattr(ours, name)(ours.PipelineStage(mine, RANK, P, group=comm), 4, loss_fn=loss_fn), mine)
+            want = _train(getattr(theirs, name)(theirs.PipelineStage(reference, RANK, P, torch.device("cpu")), 4,
+                                                loss_fn=loss_fn), reference)
+            for a, b in zip(got[0] + got[2], want[0] + want[2]):
+                torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=lambda m: f"{name}: {m}")
+            assert len(got[1]) == len(want[1]) == (3 if RANK == P - 1 else 0)
+            for (la, oa), (lb, ob) in zip(got[1], want[1]):
+                torch.testing.assert_close(la, lb, rtol=1e-10, atol=1e-12, msg=lambda m: f"{name} losses: {m}")
+                torch.testing.assert_close(oa, ob, rtol=1e-10, atol=1e-12, msg=lambda m: f"{name} outputs: {m}")
+    finally:
+        dist.destroy_process_group()
