@@ -52,16 +52,34 @@ def test_a_recorded_collective_is_named_with_its_bytes_op_and_algorithm():
     buf = np.zeros(10, dtype=np.float64)
     calls = []
 
-    def allreduce(buf, op="sum", algorithm="auto", comm=None):
+    def allreduce(buf, op="sum", algorithm="auto", comm=None, check=None, stall_timeout=None, compression="none"):
         calls.append(rec.records_here())                      # the call it wraps is not recorded again
         return buf
 
-    assert rec.collective(allreduce, buf, (), {"op": "mean", "algorithm": "ring", "comm": None}) is buf
+    assert rec.allreduce(allreduce, buf, "mean", "ring", None, None, None, "none") is buf
     assert calls == [False] and rec.records_here()
-    (name, category, _, start, end, args), = rec.events
+    # while the program runs, a call is a tuple of what it was given; converted at the end
+    assert rec.events == [] and len(rec.calls) == 1
+    (name, category, _, start, end, args), = rec.recorded()
     args = recorder.described(args)
     assert (name, category) == ("allreduce", "collective") and end >= start
-    assert args["bytes"] == 80 and args["op"] == "mean" and args["algorithm"] == "ring"
+    assert args == {"algorithm": "ring", "bytes": 80, "comm_size": rec.world_size, "op": "mean"}
+
+
+def test_a_clock_offset_given_to_a_host_moves_every_reading_when_converted():
+    from allreduce_kit import config
+    assert config.read(config.TRACE_CLOCK_SKEW_US, {}) == {}
+    assert config.read(config.TRACE_CLOCK_SKEW_US, {"ALLREDUCE_KIT_TRACE_CLOCK_SKEW_US": "node2:5000,node3:-1.5"}) \
+        == {"node2": 5_000_000, "node3": -1_500}
+    with pytest.raises(ValueError, match="ALLREDUCE_KIT_TRACE_CLOCK_SKEW_US='node2'"):
+        config.read(config.TRACE_CLOCK_SKEW_US, {"ALLREDUCE_KIT_TRACE_CLOCK_SKEW_US": "node2"})
+    rec = recorder.Recorder()
+    rec.skew_ns = 5_000_000
+    rec.span("forward_backward", "compute", 100, 200)
+    rec.allreduce(lambda buf, **kwargs: buf, np.zeros(1), "sum", "auto", None, None, None, "none")
+    (span, call) = rec.recorded()
+    assert span[3:5] == (5_000_100, 5_000_200)
+    assert call[3] == rec.calls[0][2] + 5_000_000 and call[4] == rec.calls[0][3] + 5_000_000
 
 
 # -- the clock model -------------------------------------------------------------------------------
