@@ -244,9 +244,10 @@ def test_trainer_reports_nodes(nodes, tmp_path):
 @needs_cluster
 def test_a_trace_finds_an_offset_given_to_one_nodes_clock_and_takes_it_out(nodes, tmp_path):
     """``ALLREDUCE_KIT_TRACE_CLOCK_SKEW_US`` puts node2's clock 5 ms ahead: the trace finds node2's
-    ranks 5 ms ahead within 50 us (node1's within 20 us of zero), and in the merged file 8-byte
-    allreduces end with rank 0's within 50 us (``cluster/trace_check.py``). One node's clock alone
-    is ``tests/mpi/test_trace.py``'s."""
+    ranks 5 ms ahead within 50 us (node1's within 20 us of zero), and in the merged file every
+    8-byte allreduce ends within 50 us of when it truly ended: the nodes share one real clock, so
+    the truth is known (``cluster/trace_check.py``). One node's clock alone is
+    ``tests/mpi/test_trace.py``'s."""
     env = dict(os.environ, ALLREDUCE_KIT_TRACE_CLOCK_SKEW_US="node2:5000")
     done = run("-n", "4", "--nodes", "2", "--", PYTHON, "-m", "mpi4py", str(TESTS / "cluster" / "trace_check.py"),
                str(tmp_path / "t.json"), "node2", "5000", env=env, timeout=120)
