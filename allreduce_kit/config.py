@@ -136,10 +136,10 @@ TRACE = Setting("ALLREDUCE_KIT_TRACE", text, "",
                 "rank's collectives on rank 0's clock in one Chrome trace file that rank 0 writes "
                 "(docs/trace.md); unset: not traced (the train and bench CLIs: --trace)")
 TRACE_CLOCK_SKEW_US = Setting("ALLREDUCE_KIT_TRACE_CLOCK_SKEW_US", host_offsets, {},
-                              "for testing a trace's clock alignment: HOST:US[,HOST:US...] moves the clock the trace "
-                              "reads on the ranks of each HOST (MPI's processor name) US microseconds ahead (behind if "
-                              "negative), its events and its clock measurements alike; the trace's offsets must find it "
-                              "(docs/trace.md); unset: the clocks as they are")
+                              "for testing a trace's clock alignment: HOST:US[,HOST:US...] moves the clock the "
+                              "trace reads on the ranks of each HOST (MPI's processor name) US microseconds ahead "
+                              "(behind if negative), its events and its clock measurements alike; the trace's offsets "
+                              "must find it (docs/trace.md); unset: the clocks as they are")
 
 #: Every setting, in the order of the docs' table.
 SETTINGS: Tuple[Setting, ...] = (STALL_TIMEOUT, CHECK, TUNING, ONLINE_TUNING, DIRECT, YIELD, WAIT,

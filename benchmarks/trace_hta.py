@@ -1,4 +1,4 @@
-"""Holistic Trace Analysis (HTA) reads a trainer's trace as ``trace summary`` does, and the summary names the straggler.
+"""HTA (Holistic Trace Analysis) reads a trainer's trace as ``trace summary`` does; the summary names the straggler.
 
     python benchmarks/trace_hta.py [--ranks 4] [--straggler 2:30] [--trace-steps 1:21]
     python benchmarks/trace_hta.py --trace run.json       # a trace already written
@@ -7,7 +7,8 @@ Runs ``python -m allreduce_kit.train`` (digits, hidden 32, batch 16, one epoch) 
 ``--straggler RANK:MS --trace run.json --trace-steps A:B``, reads the file with
 ``python -m allreduce_kit.trace summary``'s code, splits it with ``trace split`` and loads the
 folder with HTA's ``TraceAnalysis`` (``pip install HolisticTraceAnalysis``; the last step
-included), then prints per rank both readings of its time and their relative difference:
+included, times kept to the nanosecond: ``HTA_DISABLE_NS_ROUNDING=1``), then prints per rank
+both readings of its time and their relative difference:
 
 - compute: the summary's ``compute ms``; HTA's ``compute_time``;
 - communication: the summary's ``collective ms``; HTA's ``non_compute_time``;
@@ -25,7 +26,6 @@ looks only at communication kernels longer than 1% of a step, and the late rank'
 ones (it arrives last and waits for no one), so it cannot name that rank.
 """
 import argparse
-import json
 import logging
 import os
 import sys
@@ -64,6 +64,9 @@ def spans_us(document: dict) -> Dict[int, float]:
 
 def hta_breakdown(folder: str):
     """HTA's temporal breakdown and straggler guess for the per-rank files in ``folder``."""
+    # HTA rounds each event inward to whole microseconds unless told not to: a late rank's calls
+    # last tens of microseconds, and our times are whole nanoseconds that nest exactly
+    os.environ.setdefault("HTA_DISABLE_NS_ROUNDING", "1")
     try:
         from hta.trace_analysis import TraceAnalysis
     except ImportError:
