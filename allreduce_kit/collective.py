@@ -1,5 +1,6 @@
 """``allreduce``: validate locally, optionally agree across ranks, then run one algorithm."""
 import weakref
+from threading import get_ident as _ident
 from typing import Optional
 
 import numpy as np
@@ -245,9 +246,9 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
     an algorithm in ``compression.COMPRESSED``) sends 16-bit values and folds in float32: the
     result, bitwise the same on every rank, is made of 16-bit values (docs/compression.md).
     """
-    if _TRACING[0] is not None and _TRACING[0].records_here():  # tracing (allreduce_kit/trace): recorded
-        return _TRACING[0].collective(allreduce, buf, (), dict(op=op, algorithm=algorithm, comm=comm, check=check,
-                                                          stall_timeout=stall_timeout, compression=compression))
+    tracer = _TRACING[0]
+    if tracer is not None and _ident() not in tracer.busy:  # tracing (allreduce_kit/trace): recorded
+        return tracer.allreduce(allreduce, buf, op, algorithm, comm, check, stall_timeout, compression)
     if IN_FLIGHT[0]:
         wait_turn()
     if (check is None and stall_timeout is None and (comm is None or comm is _COMM_WORLD)

@@ -68,6 +68,21 @@ def wait_mode(text: str) -> str:
     return lowered
 
 
+def host_offsets(text: str) -> dict:
+    """``HOST:US[,HOST:US...]``: microseconds (any sign) per host name, as a ``{host: ns}`` dict."""
+    offsets = {}
+    for item in text.split(","):
+        host, sep, number = item.strip().rpartition(":")
+        try:
+            value = float(number)
+        except ValueError:
+            value = math.nan
+        if not sep or not host or not math.isfinite(value):
+            raise ValueError(f"expected HOST:US[,HOST:US...] such as node2:5000, got {item.strip()!r}")
+        offsets[host] = int(round(value * 1000))
+    return offsets
+
+
 @dataclass(frozen=True)
 class Setting:
     """One environment variable: its name, parser, default and a line for the docs."""
@@ -120,10 +135,15 @@ TRACE = Setting("ALLREDUCE_KIT_TRACE", text, "",
                 "a path: trace the program from its first library call on COMM_WORLD until it exits, every "
                 "rank's collectives on rank 0's clock in one Chrome trace file that rank 0 writes "
                 "(docs/trace.md); unset: not traced (the train and bench CLIs: --trace)")
+TRACE_CLOCK_SKEW_US = Setting("ALLREDUCE_KIT_TRACE_CLOCK_SKEW_US", host_offsets, {},
+                              "for testing a trace's clock alignment: HOST:US[,HOST:US...] moves the clock the "
+                              "trace reads on the ranks of each HOST (MPI's processor name) US microseconds ahead "
+                              "(behind if negative), its events and its clock measurements alike; the trace's offsets "
+                              "must find it (docs/trace.md); unset: the clocks as they are")
 
 #: Every setting, in the order of the docs' table.
 SETTINGS: Tuple[Setting, ...] = (STALL_TIMEOUT, CHECK, TUNING, ONLINE_TUNING, DIRECT, YIELD, WAIT,
-                                 ABORT_ON_ERROR, ELASTIC_DIR, ELASTIC_TIMEOUT, TRACE)
+                                 ABORT_ON_ERROR, ELASTIC_DIR, ELASTIC_TIMEOUT, TRACE, TRACE_CLOCK_SKEW_US)
 
 def read(setting: Setting, environ: Optional[Mapping[str, str]] = None) -> Any:
     """The setting's value from ``environ`` (default ``os.environ``), or its default if unset.
@@ -144,7 +164,7 @@ def table() -> str:
     """The settings as a Markdown table (the one in docs/settings.md)."""
     rows = ["| variable | default | what it does |", "| --- | --- | --- |"]
     for s in SETTINGS:
-        default = {True: "1", False: "0", "": "unset"}.get(s.default, s.default) if not isinstance(s.default, float) \
-            else f"{s.default:g}"
+        default = "unset" if s.default == {} else {True: "1", False: "0", "": "unset"}.get(s.default, s.default) \
+            if not isinstance(s.default, float) else f"{s.default:g}"
         rows.append(f"| `{s.name}` | {default} | {s.doc} |")
     return "\n".join(rows)

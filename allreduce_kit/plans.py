@@ -21,6 +21,7 @@ was resized, retyped or made read-only in place. Every call is watched by the st
 of the communicator calls its own plan, made with the same length, dtype, op and algorithm.
 """
 import weakref
+from threading import get_ident as _ident
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -132,8 +133,9 @@ class Plan:
     def __call__(self, buf: Optional[np.ndarray] = None, *, comm: Optional[MPI.Intracomm] = None) -> np.ndarray:
         """Reduce the plan's buffer in place and return it (collective). ``buf`` and ``comm``, if
         given, must be the plan's own: another raises ``ValueError`` before anything is sent."""
-        if _TRACING[0] is not None and _TRACING[0].records_here():  # tracing (allreduce_kit/trace): recorded
-            return _TRACING[0].planned(self, buf, comm)
+        tracer = _TRACING[0]
+        if tracer is not None and _ident() not in tracer.busy:  # tracing (allreduce_kit/trace): recorded
+            return tracer.planned(self, buf, comm)
         if IN_FLIGHT[0]:
             wait_turn()  # after the nonblocking calls started before it (``progress``)
         if buf is not None or comm is not None:

@@ -52,16 +52,34 @@ def test_a_recorded_collective_is_named_with_its_bytes_op_and_algorithm():
     buf = np.zeros(10, dtype=np.float64)
     calls = []
 
-    def allreduce(buf, op="sum", algorithm="auto", comm=None):
+    def allreduce(buf, op="sum", algorithm="auto", comm=None, check=None, stall_timeout=None, compression="none"):
         calls.append(rec.records_here())                      # the call it wraps is not recorded again
         return buf
 
-    assert rec.collective(allreduce, buf, (), {"op": "mean", "algorithm": "ring", "comm": None}) is buf
+    assert rec.allreduce(allreduce, buf, "mean", "ring", None, None, None, "none") is buf
     assert calls == [False] and rec.records_here()
-    (name, category, _, start, end, args), = rec.events
+    # while the program runs, a call is a tuple of what it was given; converted at the end
+    assert rec.events == [] and len(rec.calls) == 1
+    (name, category, _, start, end, args), = rec.recorded()
     args = recorder.described(args)
     assert (name, category) == ("allreduce", "collective") and end >= start
-    assert args["bytes"] == 80 and args["op"] == "mean" and args["algorithm"] == "ring"
+    assert args == {"algorithm": "ring", "bytes": 80, "comm_size": rec.world_size, "op": "mean"}
+
+
+def test_a_clock_offset_given_to_a_host_moves_every_reading_when_converted():
+    from allreduce_kit import config
+    assert config.read(config.TRACE_CLOCK_SKEW_US, {}) == {}
+    assert config.read(config.TRACE_CLOCK_SKEW_US, {"ALLREDUCE_KIT_TRACE_CLOCK_SKEW_US": "node2:5000,node3:-1.5"}) \
+        == {"node2": 5_000_000, "node3": -1_500}
+    with pytest.raises(ValueError, match="ALLREDUCE_KIT_TRACE_CLOCK_SKEW_US='node2'"):
+        config.read(config.TRACE_CLOCK_SKEW_US, {"ALLREDUCE_KIT_TRACE_CLOCK_SKEW_US": "node2"})
+    rec = recorder.Recorder()
+    rec.skew_ns = 5_000_000
+    rec.span("forward_backward", "compute", 100, 200)
+    rec.allreduce(lambda buf, **kwargs: buf, np.zeros(1), "sum", "auto", None, None, None, "none")
+    (span, call) = rec.recorded()
+    assert span[3:5] == (5_000_100, 5_000_200)
+    assert call[3] == rec.calls[0][2] + 5_000_000 and call[4] == rec.calls[0][3] + 5_000_000
 
 
 # -- the clock model -------------------------------------------------------------------------------
@@ -161,3 +179,57 @@ def test_a_rank_that_records_many_events_warns_once_naming_the_window(monkeypatc
         recorder.ACTIVE[0] = None
     err = capsys.readouterr().err
     assert err.count("allreduce_kit.trace: this rank has recorded") == 1 and "--trace-steps A:B" in err
+
+
+# -- one file per rank (trace split) -----------------------------------------------------------------
+def test_split_writes_one_file_per_rank_that_passes_the_schema_check_and_names_its_rank(tmp_path, capsys):
+    import re
+    from allreduce_kit.trace.split import CORRELATION_BASE, STREAM
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(_document(p=3)))
+    assert trace_main(["split", str(path), str(tmp_path / "ranks")]) == 0
+    assert "wrote 3 files" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "ranks").iterdir()) == ["rank-0.json", "rank-1.json", "rank-2.json"]
+    for rank in range(3):
+        text = (tmp_path / "ranks" / f"rank-{rank}.json").read_text()
+        # readers find a file's rank by the first '"rank": N' in it (a space after the colon)
+        assert int(re.search(r'"rank":\s+(\d+)', text).group(1)) == rank
+        document = json.loads(text)
+        assert problems(document) == []
+        assert document["distributedInfo"] == {"backend": "allreduce_kit", "rank": rank, "world_size": 3,
+                                               "host": f"host{rank}"}
+        host = [e for e in document["traceEvents"] if e["ph"] == "X" and e["pid"] == rank]
+        kernels = [e for e in document["traceEvents"] if e["ph"] == "X" and e.get("cat") == "kernel"]
+        assert {e["cat"] for e in host} == {"user_annotation", "cpu_op"}
+        assert {e["args"]["category"] for e in host} == {"user_annotation", "compute", "collective"}
+        # one kernel per compute and collective event, at its times, linked to it by correlation
+        launched = {e["args"]["correlation"]: e for e in host if "correlation" in e["args"]}
+        assert len(kernels) == len(launched) == 20 and min(launched) >= CORRELATION_BASE
+        for k in kernels:
+            e = launched[k["args"]["correlation"]]
+            assert (k["ts"], k["dur"], k["tid"], k["args"]["stream"]) == (e["ts"], e["dur"], STREAM, STREAM)
+            assert k["name"] == {"compute": e["name"], "collective": f"ncclKernel_{e['name']}"}[e["args"]["category"]]
+            assert k["pid"] == 3 + rank
+
+
+def test_split_puts_a_threads_calls_on_its_own_stream():
+    from allreduce_kit.trace.split import STREAM, rank_documents
+    events = [("ProfilerStep#0", "user_annotation", 7, 0, 10_000, {"step": 0}),
+              ("allreduce", "collective", 7, 1_000, 5_000, {"bytes": 8}),
+              ("allreduce", "collective", 9, 2_000, 8_000, {"bytes": 8})]       # the progress thread
+    alignment = _alignment([0], [0], [0], [0], spread=[0])
+    document = merge.trace_document([("h", events, {7: "MainThread", 9: "progress"}, 7)], alignment, (0, None), 0.0)
+    (only,) = rank_documents(document).values()
+    assert problems(only) == []
+    kernels = sorted((e["ts"], e["args"]["stream"]) for e in only["traceEvents"] if e.get("cat") == "kernel")
+    assert kernels == [(1.0, STREAM), (2.0, STREAM + 1)]
+
+
+def test_split_into_a_path_that_is_a_file_exits_2_with_one_message(tmp_path, capsys):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(_document()))
+    with pytest.raises(SystemExit) as exited:
+        trace_main(["split", str(path), str(path / "below")])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("argument OUTDIR") == 1 and "Traceback" not in err

@@ -1,5 +1,6 @@
 """``allgather``: every rank's block, in rank order, on every rank (``Allgatherv`` when the
 blocks' lengths are not the block rule's)."""
+from threading import get_ident as _ident
 from typing import Optional, Sequence
 
 import numpy as np
@@ -73,9 +74,9 @@ def allgather(block: np.ndarray, out: Optional[np.ndarray] = None, *, counts: Op
     exchanged on some ranks (neither ``out`` nor ``counts``) and not on others, are undefined.
     ``stall_timeout`` as for ``allreduce``.
     """
-    if _TRACING[0] is not None and _TRACING[0].records_here():  # tracing (allreduce_kit/trace): recorded
-        return _TRACING[0].collective(allgather, block, (out,), dict(counts=counts, algorithm=algorithm, comm=comm,
-                                                                check=check, stall_timeout=stall_timeout))
+    tracer = _TRACING[0]
+    if tracer is not None and _ident() not in tracer.busy:  # tracing (allreduce_kit/trace): recorded
+        return tracer.allgather(allgather, block, out, counts, algorithm, comm, check, stall_timeout)
     again = _LAST[0]
     if (again is not None and again.first() is block and again.second() is out and again.key is algorithm
             and counts is None and (comm is None or comm is _COMM_WORLD) and check is None and stall_timeout is None

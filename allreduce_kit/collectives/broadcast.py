@@ -1,4 +1,5 @@
 """``broadcast``: the root's buffer copied into every rank's, in place."""
+from threading import get_ident as _ident
 from typing import Optional
 
 import numpy as np
@@ -51,9 +52,9 @@ def broadcast(buf: np.ndarray, root: int = 0, *, algorithm: str = "auto", comm: 
     compares what each rank publishes beside its buffer instead, at no cost.
     ``stall_timeout`` as for ``allreduce``.
     """
-    if _TRACING[0] is not None and _TRACING[0].records_here():  # tracing (allreduce_kit/trace): recorded
-        return _TRACING[0].collective(broadcast, buf, (root,), dict(algorithm=algorithm, comm=comm, check=check,
-                                                               stall_timeout=stall_timeout))
+    tracer = _TRACING[0]
+    if tracer is not None and _ident() not in tracer.busy:  # tracing (allreduce_kit/trace): recorded
+        return tracer.broadcast(broadcast, buf, root, algorithm, comm, check, stall_timeout)
     again = _LAST[0]
     if (again is not None and again.first() is buf and again.key == (algorithm, root)
             and (comm is None or comm is _COMM_WORLD) and check is None and stall_timeout is None

@@ -1,4 +1,5 @@
 """``reduce_scatter``: every rank's buffer reduced, rank r keeping block r of the result."""
+from threading import get_ident as _ident
 from typing import Optional
 
 import numpy as np
@@ -66,9 +67,9 @@ def reduce_scatter(buf: np.ndarray, out: Optional[np.ndarray] = None, *, op: str
     as ``allreduce`` does (``algorithms/signature.py``); another op or algorithm is undefined.
     ``stall_timeout`` as for ``allreduce``.
     """
-    if _TRACING[0] is not None and _TRACING[0].records_here():  # tracing (allreduce_kit/trace): recorded
-        return _TRACING[0].collective(reduce_scatter, buf, (out,), dict(op=op, algorithm=algorithm, comm=comm,
-                                                                   check=check, stall_timeout=stall_timeout))
+    tracer = _TRACING[0]
+    if tracer is not None and _ident() not in tracer.busy:  # tracing (allreduce_kit/trace): recorded
+        return tracer.reduce_scatter(reduce_scatter, buf, out, op, algorithm, comm, check, stall_timeout)
     again = _LAST[0]
     if (again is not None and again.first() is buf and again.second() is out and again.key == (op, algorithm)
             and (comm is None or comm is _COMM_WORLD) and check is None and stall_timeout is None and not IN_FLIGHT[0]

@@ -10,10 +10,11 @@ import os
 import sys
 import threading
 import time
-from typing import Callable, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 from mpi4py import MPI
 
+from .. import config
 from . import clock, merge
 from .recorder import ACTIVE, CURRENT, Recorder
 
@@ -55,17 +56,22 @@ def path_problem(path: str) -> Optional[str]:
 
 
 class Session:
-    """This rank's tracing of one run."""
+    """This rank's tracing of one run. ``ALLREDUCE_KIT_TRACE_CLOCK_SKEW_US`` (a test's) moves this
+    rank's clock by its host's offset: the clock measurements read the moved clock, and the
+    recorder's events are moved when they are converted (``Recorder.skew_ns``)."""
 
     def __init__(self, path: str, window: Tuple[int, Optional[int]], comm: MPI.Intracomm,
-                 clock_ns: Callable[[], int]):
+                 clock_ns: Callable[[], int], skews: Dict[str, int]):
         self.path, self.window = path, window
         self.comm = comm.Dup()                        # the trace's own messages
         self.recorder = Recorder(window, clock_ns)
         self.main_ident = threading.get_ident()
         self.host = MPI.Get_processor_name()
+        skew = skews.get(self.host, 0)
+        self.recorder.skew_ns = skew
+        self.clock_ns = clock_ns if not skew else (lambda: clock_ns() + skew)
         self.comm.Barrier()
-        self.start = clock.measure(self.comm, clock_ns)
+        self.start = clock.measure(self.comm, self.clock_ns)
 
 
 _SESSION: list = [None]
@@ -77,16 +83,18 @@ def start(path: str, steps: Tuple[int, Optional[int]] = (0, None), comm: Optiona
     recorder. ``steps``: the window of steps a trainer records (``steps_window``); a program
     without steps records everything from here. ``clock_ns``: this rank's clock (for tests).
     ``TraceError`` on every rank for a bad window (before any message) or a path rank 0 cannot
-    write (after one broadcast of rank 0's verdict)."""
+    write (after one broadcast of rank 0's verdict); ``ValueError`` naming the variable for a
+    malformed ``ALLREDUCE_KIT_TRACE_CLOCK_SKEW_US`` (before any message)."""
     if steps[0] < 0 or (steps[1] is not None and steps[1] <= steps[0]):
         raise TraceError(f"trace: the window of steps {steps[0]}:{steps[1]} is empty or inverted")
     if _SESSION[0] is not None:
         raise TraceError(f"trace: already tracing into {_SESSION[0].path}")
+    skews = config.read(config.TRACE_CLOCK_SKEW_US)
     comm = MPI.COMM_WORLD if comm is None else comm
     problem = comm.bcast(path_problem(path) if comm.Get_rank() == 0 else None, root=0)  # rank 0 writes it
     if problem is not None:
         raise TraceError(f"trace: {problem}")
-    session = Session(path, steps, comm, clock_ns)
+    session = Session(path, steps, comm, clock_ns, skews)
     _SESSION[0] = session
     CURRENT[0] = session.recorder
     ACTIVE[0] = session.recorder if steps[0] == 0 else None
@@ -113,8 +121,9 @@ def finish() -> Optional[int]:
     _SESSION[0] = None
     comm, recorder = session.comm, session.recorder
     comm.Barrier()
-    end = clock.measure(comm, recorder.clock)
-    gathered = comm.gather((session.host, recorder.events, recorder.threads, session.main_ident), root=0)
+    end = clock.measure(comm, session.clock_ns)
+    events = recorder.recorded()
+    gathered = comm.gather((session.host, events, recorder.threads, session.main_ident), root=0)
     size = None
     if comm.Get_rank() == 0:
         alignment = clock.Alignment(session.start, end)
