@@ -25,6 +25,15 @@ rank: the trainer's digits model of docs/compression.md), and ``torch_vs_ddp.py`
 ``10m``. Run (one node; ``--json`` keeps the figures):
 
     for p in 2 4; do mpirun -n $p python benchmarks/powersgd_torch.py --rank 4 --json powersgd-torch-p$p.json; done
+
+``--accuracy`` instead trains Horovod's MNIST-style example (``examples/horovod_pytorch_mnist.py``,
+unchanged) with ``Compression.none`` and with ``Compression.powersgd(rank=--rank,
+start_iter=--start)``, for each seed of ``--seeds`` (``powersgd_accuracy.py``), and prints the
+final test accuracy of every run and the median over seeds. Its defaults are the suite's run of
+the example at 4 ranks (5 epochs, batch 16 per rank, ``--lr`` 0.025 times the rank count: the
+global batch and step of one process at batch 64 and 0.1):
+
+    mpirun -n 4 python benchmarks/powersgd_torch.py --accuracy --json powersgd-accuracy-p4.json
 """
 from __future__ import annotations   # MPI in annotations: mpi4py.MPI is imported after hvd.init()
 
@@ -42,6 +51,7 @@ import allreduce_kit.torch as hvd   # does not start MPI: hvd.init() does, in ma
 from allreduce_kit.cli import RankZeroParser
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import powersgd_accuracy  # noqa: E402  --accuracy: Horovod's example with and without PowerSGD
 import torch_vs_ddp as sibling  # noqa: E402  the models, Gloo's start, the timed interleaved blocks
 
 if TYPE_CHECKING:
@@ -169,6 +179,14 @@ def lines(result: Dict, ranks: int) -> List[str]:
     return out
 
 
+def write(path, result: Dict) -> None:
+    """``result`` as JSON to ``path``, if one was given (rank 0)."""
+    if path:
+        with open(path, "w", encoding="utf-8") as out:
+            json.dump(result, out, indent=2)
+        print(f"wrote {path}")
+
+
 def main() -> int:
     hvd.init()   # first, as in a Horovod script: before anything imports mpi4py.MPI
     from mpi4py import MPI
@@ -179,26 +197,44 @@ def main() -> int:
                              "(default: 5m)")
     parser.add_argument("--rank", type=int, default=4, help="PowerSGD's matrix_approximation_rank (default: 4)")
     parser.add_argument("--start", type=int, default=10,
-                        help="PowerSGD's start_powerSGD_iter, at least 2 (DDP's need); untimed steps (default: 10)")
+                        help="PowerSGD's start_powerSGD_iter, at least 2 when timing (DDP's need); untimed steps "
+                             "(default: 10)")
     sibling.add_run_arguments(parser)
+    accuracy = parser.add_argument_group("--accuracy: Horovod's MNIST-style example, with and without PowerSGD")
+    accuracy.add_argument("--accuracy", action="store_true",
+                          help="train the example with each compression and seed instead of timing steps")
+    accuracy.add_argument("--seeds", default="42,43,44", help="the example's --seed of each run (default: 42,43,44)")
+    accuracy.add_argument("--epochs", type=int, default=5, help="the example's --epochs (default: 5)")
+    accuracy.add_argument("--lr", type=float, default=0.025,
+                          help="the example's --lr, which it multiplies by the rank count (default: 0.025)")
+    accuracy.add_argument("--batch-size", type=int, default=16, help="the example's --batch-size per rank (default: 16)")
     args = parser.parse_args()
     bad = sibling.bad_run_arguments(args)
     bad += ["--rank must be >= 1"] if args.rank < 1 else []
-    bad += ["--start must be >= 2 (DDP's PowerSGD needs it)"] if args.start < 2 else []
+    bad += ["--start must be >= 2 (DDP's PowerSGD needs it)"] if args.start < 2 and not args.accuracy else []
+    bad += [f"--{name} must be >= 1" for name, value in (("epochs", args.epochs), ("batch-size", args.batch_size))
+            if value < 1]
+    try:
+        args.seeds = [int(seed) for seed in args.seeds.split(",")]
+    except ValueError:
+        bad.append(f"--seeds must be integers separated by commas, got {args.seeds!r}")
     if bad:
         parser.error("; ".join(bad))   # rank 0 says it, every rank exits with status 2
     comm = MPI.COMM_WORLD
     rank, ranks = comm.Get_rank(), comm.Get_size()
+    if args.accuracy:
+        result = powersgd_accuracy.run(args)
+        if rank == 0:
+            print("\n".join(powersgd_accuracy.lines(result)))
+            write(args.json, result)
+        return 0
     threads = sibling.start(args, comm)
     results = [run_model(name, args, comm) for name in (MODELS if args.model == "all" else [args.model])]
     if rank == 0:
         print(f"{ranks} ranks, {threads} torch thread(s) each")
         for result in results:
             print("\n".join(lines(result, ranks)))
-        if args.json:
-            with open(args.json, "w", encoding="utf-8") as out:
-                json.dump({"ranks": ranks, "threads": threads, "results": results}, out, indent=2)
-            print(f"wrote {args.json}")
+        write(args.json, {"ranks": ranks, "threads": threads, "results": results})
     dist.destroy_process_group()
     return 0
 
