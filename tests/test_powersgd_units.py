@@ -88,3 +88,16 @@ def test_the_torch_layers_state_multiplies_and_factors_by_torch_to_the_numpy_sta
     state = compressor.states[0]
     assert state.matmul is not numpy_state.matmul and state.qr is not None
     np.testing.assert_allclose(state.error, numpy_state.error, atol=1e-5)   # differences of values near 1
+
+
+def test_a_compressed_step_reduces_twice_p_with_the_uncompressed_part_then_q():
+    """Two collectives a step, not three: the biases travel in P's allreduce (each is a
+    latency-bound call where ranks share cores); the elements sent are those ``elements_sent`` counts."""
+    shapes = [(30, 20), (30,), (16, 30), (16,)]
+    sizes = []
+    state = PowerSGD(shapes, lambda a: sizes.append(a.size), 1, matrix_approximation_rank=2, start_powerSGD_iter=0)
+    expected_sent = state.elements_sent()
+    rng = np.random.default_rng(3)
+    state.average([rng.standard_normal(s).astype(np.float32) for s in shapes])
+    assert sizes == [(30 + 16) * 2 + 30 + 16, (20 + 30) * 2]
+    assert sum(sizes) == expected_sent

@@ -9,12 +9,13 @@ step, over all of ``grads`` as one bucket:
 2. Then every rank adds its error (what compression lost in its previous step; zeros at first)
    to its gradients, and splits them: a gradient of shape ``(n, ...)`` seen as an ``n x m``
    matrix M is compressed at rank ``R' = min(n, m, R)`` when ``(n + m) R' min_compression_rate <
-   n m``; the rest (1-D biases among them: ``m = 1``) is averaged as it is (``allreduce`` of sum,
-   then divided by the rank count).
+   n m``; the rest (1-D biases among them: ``m = 1``) is averaged as it is (summed in step 4's
+   ``allreduce``, after P, then divided by the rank count).
 3. Q (``m x R'``) is the previous step's Q, orthogonalized (warm start), or at the first
    compressed step (and every step without ``warm_start``) standard normal values from a seed
    drawn from ``random_seed``'s generator, the same on every rank, orthogonalized.
-4. P = M Q for every matrix, summed across ranks in one ``allreduce``; P orthogonalized
+4. P = M Q for every matrix, summed across ranks in one ``allreduce`` with the uncompressed part
+   (one call fewer than PyTorch's hook, which sends that part on its own); P orthogonalized
    (Gram-Schmidt for R' <= 2, else QR); Q = M^T P, summed in one ``allreduce`` and divided by
    the rank count; M is replaced by P Q^T.
 5. With ``use_error_feedback``, each rank keeps (gradients + error) - what they were replaced
@@ -179,8 +180,9 @@ class PowerSGD:
         matrices = [g.reshape(c[0], c[1]) for g, c in zip(grads, self.plan) if c is not None]
         ranks_of = [c[2] for c in self.plan if c is not None]
         fresh = not self.warm_start or self.p_memory is None
-        if fresh:
-            self.p_memory, self.q_memory = np.empty(self.p_size, dtype), np.empty(self.q_size, dtype)
+        if fresh:   # P, then the uncompressed part, reduced together
+            self.p_memory = np.empty(self.p_size + self.uncompressed, dtype)
+            self.q_memory = np.empty(self.q_size, dtype)
         ps = _views(self.p_memory, [(M.shape[0], r) for M, r in zip(matrices, ranks_of)])
         qs = _views(self.q_memory, [(M.shape[1], r) for M, r in zip(matrices, ranks_of)])
         if fresh:
@@ -190,15 +192,16 @@ class PowerSGD:
         for q in qs:
             orthogonalize(q, self.orthogonalization_epsilon, self.qr)
         rest = [g.reshape(-1) for g, c in zip(grads, self.plan) if c is None]
+        tail = self.p_memory[self.p_size:]
         if rest:
-            flat = np.concatenate(rest)
-            self.reduce(flat)
-            flat /= p
-            _scatter(flat, rest)
+            np.concatenate(rest, out=tail)
         for M, q, pm in zip(matrices, qs, ps):
             matmul(M, q, pm)
-        if self.p_size:
+        if self.p_memory.size:
             self.reduce(self.p_memory)
+        if rest:
+            tail /= p
+            _scatter(tail, rest)
         for pm in ps:
             orthogonalize(pm, self.orthogonalization_epsilon, self.qr)
         for M, pm, q in zip(matrices, ps, qs):
