@@ -48,7 +48,7 @@ import os
 import socket
 import sys
 import time
-from typing import TYPE_CHECKING, Callable, Dict, List, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -130,6 +130,55 @@ def timed(comm: MPI.Intracomm, step: Callable[[], None], warmup: int, steps: int
     return total / comm.Get_size(), comm.allreduce(wall, op=MPI.MAX) / steps
 
 
+def interleaved(comm: MPI.Intracomm, steps_of: Dict[str, Callable[[], None]], versions: Sequence[str], rounds: int,
+                warmup: int, steps: int) -> Tuple[Dict[str, List[np.ndarray]], Dict[str, List[float]]]:
+    """``rounds`` rounds of every version's ``timed`` block in turn, in an order that rotates
+    between rounds: per version, its per-step times of every round (seconds) and its rounds'
+    wall times per step (ms)."""
+    samples: Dict[str, List[np.ndarray]] = {v: [] for v in versions}
+    walls: Dict[str, List[float]] = {v: [] for v in versions}
+    for r in range(rounds):
+        order = tuple(versions[r % len(versions):]) + tuple(versions[:r % len(versions)])
+        for version in order:
+            times, wall = timed(comm, steps_of[version], warmup, steps)
+            samples[version].append(times)
+            walls[version].append(wall * 1e3)
+    return samples, walls
+
+
+def add_run_arguments(parser) -> None:
+    """The options every side-by-side torch benchmark takes: batch, steps, warm-up, rounds,
+    threads, Gloo's address, JSON output."""
+    parser.add_argument("--batch", type=int, default=0, help="samples per rank per step (default: the model's)")
+    parser.add_argument("--steps", type=int, default=0, help="timed steps per version per round (default: the model's)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps before each timed block")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of every version in turn; each figure is the median over them (default: 3)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads per rank (default: this rank's share of its node's cores)")
+    parser.add_argument("--address", default="", help="Gloo's rendezvous address (default: rank 0's host name)")
+    parser.add_argument("--json", metavar="PATH", help="also write every figure and the targets as JSON to PATH")
+
+
+def bad_run_arguments(args, *more: Tuple[str, float]) -> List[str]:
+    """What is wrong with ``add_run_arguments``' options and ``more`` (``(name, value)`` pairs that
+    must be >= 0), one phrase each."""
+    bad = [f"--{name} must be >= 1" for name, value in (("rounds", args.rounds),) if value < 1]
+    return bad + [f"--{name} must be >= 0" for name, value in (("batch", args.batch), ("steps", args.steps),
+                                                                ("warmup", args.warmup or 0), ("threads", args.threads),
+                                                                *more) if value < 0]
+
+
+def start(args, comm: MPI.Intracomm) -> int:
+    """Set this rank's torch threads (``--threads`` or its share of the node's cores) and start Gloo
+    over ``comm``'s ranks; the thread count."""
+    threads = args.threads or max(1, (os.cpu_count() or 1) // hvd.local_size())
+    torch.set_num_threads(threads)
+    address = args.address or comm.bcast(socket.gethostname() if comm.Get_rank() == 0 else None, root=0)
+    start_gloo(comm, address)
+    return threads
+
+
 def raw_allreduce_ms(comm: MPI.Intracomm, count: int, repeats: int) -> float:
     """Median over ``repeats`` calls (each the mean over ranks) of ``allreduce_kit.allreduce`` of
     ``count`` float32 (``auto``, mean) on a private buffer, once online tuning of that size has
@@ -202,14 +251,7 @@ def run_model(name: str, args, comm: MPI.Intracomm) -> Dict:
     steps_of = {"floor": step_function(models["floor"], sgd(models["floor"]), x, y),
                 "ddp": step_function(ddp, sgd(ddp), x, y)}
     steps_of.update({v: step_function(models[v], ours[v], x, y) for v in OURS})
-    samples: Dict[str, List[np.ndarray]] = {v: [] for v in VERSIONS}
-    walls: Dict[str, List[float]] = {v: [] for v in VERSIONS}
-    for r in range(args.rounds):
-        order = VERSIONS[r % len(VERSIONS):] + VERSIONS[:r % len(VERSIONS)]
-        for version in order:
-            times, wall = timed(comm, steps_of[version], warmup, steps)
-            samples[version].append(times)
-            walls[version].append(wall * 1e3)
+    samples, walls = interleaved(comm, steps_of, VERSIONS, args.rounds, warmup, steps)
     versions = measures(samples, walls)
     for v, row in versions.items():
         if v in ours:
@@ -265,31 +307,16 @@ def main() -> int:
     parser = RankZeroParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=[*MODELS, "both"], default="both",
                         help="the MLP 64-256-10, the 10.5 M parameter MLP, or both in turn (default: both)")
-    parser.add_argument("--batch", type=int, default=0, help="samples per rank per step (default: the model's)")
-    parser.add_argument("--steps", type=int, default=0, help="timed steps per version per round (default: the model's)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed steps before each timed block")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="rounds of every version in turn; each figure is the median over them (default: 3)")
+    add_run_arguments(parser)
     parser.add_argument("--bucket-mb", type=float, default=hvd.BUCKET_MB,
                         help="bucket size of allreduce_kit+overlap (MB of 10^6 bytes)")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch threads per rank (default: this rank's share of its node's cores)")
-    parser.add_argument("--address", default="",
-                        help="Gloo's rendezvous address (default: rank 0's host name)")
-    parser.add_argument("--json", metavar="PATH", help="also write every figure and the targets as JSON to PATH")
     args = parser.parse_args()
-    bad = [f"--{name} must be >= 1" for name, value in (("rounds", args.rounds),) if value < 1]
-    bad += [f"--{name} must be >= 0" for name, value in (("batch", args.batch), ("steps", args.steps),
-                                                         ("warmup", args.warmup or 0), ("threads", args.threads),
-                                                         ("bucket-mb", args.bucket_mb)) if value < 0]
+    bad = bad_run_arguments(args, ("bucket-mb", args.bucket_mb))
     if bad:
         parser.error("; ".join(bad))   # rank 0 says it, every rank exits with status 2
     comm = MPI.COMM_WORLD
     rank, ranks = comm.Get_rank(), comm.Get_size()
-    threads = args.threads or max(1, (os.cpu_count() or 1) // hvd.local_size())
-    torch.set_num_threads(threads)
-    address = args.address or comm.bcast(socket.gethostname() if rank == 0 else None, root=0)
-    start_gloo(comm, address)
+    threads = start(args, comm)
     results = [run_model(name, args, comm) for name in (MODELS if args.model == "both" else [args.model])]
     if rank == 0:
         print(f"{ranks} ranks, {threads} torch thread(s) each, MPI thread level "

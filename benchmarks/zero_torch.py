@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -109,14 +107,7 @@ def run_model(name: str, args, comm, sibling) -> Dict:
     nets = {**models, "torch_zero": ddp}
     in_step: Dict[str, List[float]] = {v: [] for v in VERSIONS}
     steps_of = {v: step_function(nets[v], optimizers[v], x, y, in_step[v]) for v in VERSIONS}
-    samples: Dict[str, List[np.ndarray]] = {v: [] for v in VERSIONS}
-    walls: Dict[str, List[float]] = {v: [] for v in VERSIONS}
-    for r in range(args.rounds):
-        order = VERSIONS[r % len(VERSIONS):] + VERSIONS[:r % len(VERSIONS)]
-        for version in order:
-            times, wall = sibling.timed(comm, steps_of[version], warmup, steps)
-            samples[version].append(times)
-            walls[version].append(wall * 1e3)
+    samples, walls = sibling.interleaved(comm, steps_of, VERSIONS, args.rounds, warmup, steps)
     rows = measures(samples, walls)
     for v in VERSIONS:   # this rank's optimizer.step() alone (ours averages the gradients there in stage 1)
         rows[v]["optimizer_step_ms_p50"] = float(np.median(in_step[v])) * 1e3
@@ -154,31 +145,17 @@ def main() -> int:
     parser = RankZeroParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=[*sibling.MODELS, "both"], default="10m",
                         help="the 10.5 M parameter MLP (the target's model, default), the MLP 64-256-10, or both")
-    parser.add_argument("--batch", type=int, default=0, help="samples per rank per step (default: the model's)")
-    parser.add_argument("--steps", type=int, default=0, help="timed steps per version per round (default: the model's)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed steps before each timed block")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="rounds of every version in turn; each figure is the median over them (default: 3)")
+    sibling.add_run_arguments(parser)
     parser.add_argument("--prefetch", type=int, default=1, help="fully_shard's layers gathered ahead (default: 1)")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch threads per rank (default: this rank's share of its node's cores)")
-    parser.add_argument("--address", default="", help="Gloo's rendezvous address (default: rank 0's host name)")
     parser.add_argument("--fused", action="store_true",
                         help="every version's Adam (PyTorch's too) with fused=True, torch's one-pass CPU kernel")
-    parser.add_argument("--json", metavar="PATH", help="also write every figure and the targets as JSON to PATH")
     args = parser.parse_args()
-    bad = [f"--{name} must be >= 1" for name, value in (("rounds", args.rounds),) if value < 1]
-    bad += [f"--{name} must be >= 0" for name, value in (("batch", args.batch), ("steps", args.steps),
-                                                         ("warmup", args.warmup or 0), ("threads", args.threads),
-                                                         ("prefetch", args.prefetch)) if value < 0]
+    bad = sibling.bad_run_arguments(args, ("prefetch", args.prefetch))
     if bad:
         parser.error("; ".join(bad))   # rank 0 says it, every rank exits with status 2
     comm = MPI.COMM_WORLD
     rank, ranks = comm.Get_rank(), comm.Get_size()
-    threads = args.threads or max(1, (os.cpu_count() or 1) // hvd.local_size())
-    torch.set_num_threads(threads)
-    address = args.address or comm.bcast(socket.gethostname() if rank == 0 else None, root=0)
-    sibling.start_gloo(comm, address)
+    threads = sibling.start(args, comm)
     names = list(sibling.MODELS) if args.model == "both" else [args.model]
     results = [run_model(name, args, comm, sibling) for name in names]
     if rank == 0:

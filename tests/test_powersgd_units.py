@@ -64,3 +64,40 @@ def test_average_refuses_gradients_of_other_shapes_or_not_contiguous():
         state.average([np.zeros((20, 8), np.float32)])
     with pytest.raises(ValueError, match=r"grads\[0\] must be a writable C-contiguous float32 array"):
         state.average([np.zeros((20, 8), np.float32).T])
+
+
+def test_the_torch_layers_state_multiplies_and_factors_by_torch_to_the_numpy_states_rounding():
+    """``allreduce_kit.torch`` makes the products and QR with torch (its threads fit the rank's
+    share of the cores; numpy's BLAS starts a thread per core beside every rank), and gets numpy's
+    results to rounding, the error feedback included, over steps with warm start."""
+    torch = pytest.importorskip("torch")
+    import allreduce_kit.torch as hvd
+
+    shapes = [(30, 20), (30,), (16, 30), (16,)]
+    compressor = hvd.Compression.powersgd(rank=3, start_iter=1)
+    rng = np.random.default_rng(7)
+    grads = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(4)]
+    numpy_state = PowerSGD(shapes, lambda a: None, 1, matrix_approximation_rank=3, start_powerSGD_iter=1)
+    for step in grads:
+        params = [torch.empty(s) for s in shapes]
+        views = [torch.from_numpy(g.copy()) for g in step]
+        compressor.average(0, params, views, lambda a: None, 1)
+        expected = numpy_state.average([g.copy() for g in step])
+        for v, e in zip(views, expected):
+            np.testing.assert_allclose(v.numpy(), e, rtol=1e-5, atol=1e-6)
+    state = compressor.states[0]
+    assert state.matmul is not numpy_state.matmul and state.qr is not None
+    np.testing.assert_allclose(state.error, numpy_state.error, atol=1e-5)   # differences of values near 1
+
+
+def test_a_compressed_step_reduces_twice_p_with_the_uncompressed_part_then_q():
+    """Two collectives a step, not three: the biases travel in P's allreduce (each is a
+    latency-bound call where ranks share cores); the elements sent are those ``elements_sent`` counts."""
+    shapes = [(30, 20), (30,), (16, 30), (16,)]
+    sizes = []
+    state = PowerSGD(shapes, lambda a: sizes.append(a.size), 1, matrix_approximation_rank=2, start_powerSGD_iter=0)
+    expected_sent = state.elements_sent()
+    rng = np.random.default_rng(3)
+    state.average([rng.standard_normal(s).astype(np.float32) for s in shapes])
+    assert sizes == [(30 + 16) * 2 + 30 + 16, (20 + 30) * 2]
+    assert sum(sizes) == expected_sent

@@ -9,12 +9,13 @@ step, over all of ``grads`` as one bucket:
 2. Then every rank adds its error (what compression lost in its previous step; zeros at first)
    to its gradients, and splits them: a gradient of shape ``(n, ...)`` seen as an ``n x m``
    matrix M is compressed at rank ``R' = min(n, m, R)`` when ``(n + m) R' min_compression_rate <
-   n m``; the rest (1-D biases among them: ``m = 1``) is averaged as it is (``allreduce`` of sum,
-   then divided by the rank count).
+   n m``; the rest (1-D biases among them: ``m = 1``) is averaged as it is (summed in step 4's
+   ``allreduce``, after P, then divided by the rank count).
 3. Q (``m x R'``) is the previous step's Q, orthogonalized (warm start), or at the first
    compressed step (and every step without ``warm_start``) standard normal values from a seed
    drawn from ``random_seed``'s generator, the same on every rank, orthogonalized.
-4. P = M Q for every matrix, summed across ranks in one ``allreduce``; P orthogonalized
+4. P = M Q for every matrix, summed across ranks in one ``allreduce`` with the uncompressed part
+   (one call fewer than PyTorch's hook, which sends that part on its own); P orthogonalized
    (Gram-Schmidt for R' <= 2, else QR); Q = M^T P, summed in one ``allreduce`` and divided by
    the rank count; M is replaced by P Q^T.
 5. With ``use_error_feedback``, each rank keeps (gradients + error) - what they were replaced
@@ -52,13 +53,14 @@ def matrix_shape(shape: Sequence[int]) -> Tuple[int, int]:
     return n, int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
 
 
-def orthogonalize(matrix: np.ndarray, epsilon: float = 0.0) -> None:
+def orthogonalize(matrix: np.ndarray, epsilon: float = 0.0,
+                  qr: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> None:
     """Make the columns of ``matrix`` (``n x r``, r <= n) orthonormal in place: Gram-Schmidt for
-    r <= 2, else the Q of a QR factorization (PyTorch's ``_orthogonalize``). A column that is all
-    zeros (with ``epsilon`` 0) stays zeros."""
+    r <= 2, else the Q of a QR factorization (PyTorch's ``_orthogonalize``), ``qr(matrix)``'s
+    (default numpy's). A column that is all zeros (with ``epsilon`` 0) stays zeros."""
     r = matrix.shape[1]
     if r > 2:
-        matrix[...] = np.linalg.qr(matrix)[0]
+        matrix[...] = qr(matrix) if qr is not None else np.linalg.qr(matrix)[0]
         return
     for i in range(r):
         col = matrix[:, i]
@@ -75,6 +77,10 @@ class PowerSGD:
 
     ``reduce(buf)`` sums a 1-D buffer across the ranks in place (collective); ``ranks`` is their
     count. ``PowerSGD.over(comm, ...)`` binds both to the toolkit's ``allreduce`` on ``comm``.
+    ``matmul(a, b, out)`` makes the three products of each matrix, ``out[...] = a @ b``, and
+    ``qr(a)`` gives the Q factor of a QR factorization (default numpy's for both;
+    ``allreduce_kit.torch`` passes torch's, which keep to torch's thread count); each must give the
+    same bits on every rank for the same operands.
     Arguments are checked here, on every rank alike, before anything is sent: ``ValueError`` names
     the argument.
     """
@@ -82,7 +88,8 @@ class PowerSGD:
     def __init__(self, shapes: Sequence[Sequence[int]], reduce: Callable[[np.ndarray], object], ranks: int, *,
                  matrix_approximation_rank: int = 1, start_powerSGD_iter: int = 1000, min_compression_rate: float = 2,
                  use_error_feedback: bool = True, warm_start: bool = True, orthogonalization_epsilon: float = 0.0,
-                 random_seed: int = 0, dtype=np.float32):
+                 random_seed: int = 0, dtype=np.float32, matmul: Optional[Callable[..., object]] = None,
+                 qr: Optional[Callable[[np.ndarray], np.ndarray]] = None):
         shapes = [tuple(int(d) for d in s) for s in shapes]
         rank = matrix_approximation_rank
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
@@ -104,6 +111,10 @@ class PowerSGD:
         self.use_error_feedback, self.warm_start = bool(use_error_feedback), bool(warm_start)
         self.orthogonalization_epsilon = float(orthogonalization_epsilon)
         self.dtype = np.dtype(dtype)
+        #: ``matmul(a, b, out)``: ``out[...] = a @ b`` for 2-D arrays (``a`` may be a transposed view)
+        self.matmul = matmul if matmul is not None else _numpy_matmul
+        #: ``qr(a)``: the Q factor of ``a`` (``n x r``, r > 2), or ``None`` for numpy's
+        self.qr = qr
         self.rng = np.random.RandomState(random_seed)
         #: Steps taken (``average`` calls); compression starts when it reaches ``start_powerSGD_iter``.
         self.iter = 0
@@ -158,20 +169,20 @@ class PowerSGD:
             _scatter(flat, grads)
             return grads
         self.iter += 1
-        dtype, p = self.dtype, self.dtype.type(self.ranks)
-        if self.use_error_feedback:
+        dtype, p, matmul = self.dtype, self.dtype.type(self.ranks), self.matmul
+        if self.use_error_feedback:   # gradients + error, kept in the error's memory until it becomes the error
             if self.error is None:
                 self.error = np.zeros(self.total, dtype)
-            start = 0
-            for g in grads:
-                g.reshape(-1)[...] += self.error[start:start + g.size]
-                start += g.size
-            before = np.concatenate([g.reshape(-1) for g in grads])
+            errors = [e.reshape(g.shape) for g, e in zip(grads, _views(self.error, [(g.size, 1) for g in grads]))]
+            for g, e in zip(grads, errors):
+                g += e
+                e[...] = g
         matrices = [g.reshape(c[0], c[1]) for g, c in zip(grads, self.plan) if c is not None]
         ranks_of = [c[2] for c in self.plan if c is not None]
         fresh = not self.warm_start or self.p_memory is None
-        if fresh:
-            self.p_memory, self.q_memory = np.empty(self.p_size, dtype), np.empty(self.q_size, dtype)
+        if fresh:   # P, then the uncompressed part, reduced together
+            self.p_memory = np.empty(self.p_size + self.uncompressed, dtype)
+            self.q_memory = np.empty(self.q_size, dtype)
         ps = _views(self.p_memory, [(M.shape[0], r) for M, r in zip(matrices, ranks_of)])
         qs = _views(self.q_memory, [(M.shape[1], r) for M, r in zip(matrices, ranks_of)])
         if fresh:
@@ -179,30 +190,35 @@ class PowerSGD:
             for q in qs:
                 q[...] = draw.standard_normal(q.shape).astype(dtype)
         for q in qs:
-            orthogonalize(q, self.orthogonalization_epsilon)
+            orthogonalize(q, self.orthogonalization_epsilon, self.qr)
         rest = [g.reshape(-1) for g, c in zip(grads, self.plan) if c is None]
+        tail = self.p_memory[self.p_size:]
         if rest:
-            flat = np.concatenate(rest)
-            self.reduce(flat)
-            flat /= p
-            _scatter(flat, rest)
+            np.concatenate(rest, out=tail)
         for M, q, pm in zip(matrices, qs, ps):
-            np.matmul(M, q, out=pm)
-        if self.p_size:
+            matmul(M, q, pm)
+        if self.p_memory.size:
             self.reduce(self.p_memory)
+        if rest:
+            tail /= p
+            _scatter(tail, rest)
         for pm in ps:
-            orthogonalize(pm, self.orthogonalization_epsilon)
+            orthogonalize(pm, self.orthogonalization_epsilon, self.qr)
         for M, pm, q in zip(matrices, ps, qs):
-            np.matmul(M.T, pm, out=q)
+            matmul(M.T, pm, q)
         if self.q_size:
             self.reduce(self.q_memory)
             self.q_memory /= p
         for M, pm, q in zip(matrices, ps, qs):
-            np.matmul(pm, q.T, out=M)
-        if self.use_error_feedback:
-            after = np.concatenate([g.reshape(-1) for g in grads])
-            np.subtract(before, after, out=self.error)
+            matmul(pm, q.T, M)
+        if self.use_error_feedback:   # (gradients + error) - what they were replaced with
+            for g, e in zip(grads, errors):
+                e -= g
         return grads
+
+
+def _numpy_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    np.matmul(a, b, out=out)
 
 
 def _views(memory: np.ndarray, shapes: List[Tuple[int, int]]) -> List[np.ndarray]:

@@ -110,8 +110,19 @@ class PowerSGDCompressor(Compressor):
         if state is None:
             dtype = np.dtype(str(views[0].dtype).replace("torch.", ""))
             state = self.states[k] = PowerSGD([tuple(p.shape) for p in params], reduce, ranks, dtype=dtype,
-                                              **self.options)
+                                              matmul=_torch_matmul, qr=_torch_qr, **self.options)
         state.average([v.view(p.shape).numpy() for p, v in zip(params, views)])
+
+
+def _torch_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """``out[...] = a @ b`` by torch on the arrays' memory: torch's threads (which ``init`` fits to
+    the rank's share of the node's cores), not numpy's BLAS's own (one per core, whatever else runs)."""
+    torch.matmul(torch.from_numpy(a), torch.from_numpy(b), out=torch.from_numpy(out))
+
+
+def _torch_qr(a: np.ndarray) -> np.ndarray:
+    """The Q factor of ``a``'s QR factorization, by torch (as PyTorch's hook takes it)."""
+    return torch.linalg.qr(torch.from_numpy(a)).Q.numpy()
 
 
 class Compression:
