@@ -121,7 +121,7 @@ def run_model(name: str, args, comm, sibling) -> Dict:
 
 
 def lines(result: Dict, ranks: int) -> List[str]:
-    adam = "Adam (fused=True)" if result["fused_adam"] else "Adam"
+    adam = "Adam (fused=True)" if result.get("fused_adam") else "Adam"
     out = [f"{result['model']} ({result['parameters']:,d} parameters), {adam}, batch {result['batch_per_rank']} per rank, "
            f"{ranks} ranks; median of {result['rounds']} x {result['steps']} steps, and wall per step:"]
     for v, row in result["versions"].items():
