@@ -202,6 +202,18 @@ class PeerWait:
         return self.watch.calls
 
 
+def _wait(request: MPI.Request, nap: float) -> None:
+    """``request.Wait()``, or with ``nap`` > 0: tests for ``nap`` seconds, then a test every
+    ``nap`` seconds, asleep in between."""
+    if nap <= 0:
+        request.Wait()
+        return
+    until = time.perf_counter() + nap
+    while not request.Test():
+        if time.perf_counter() > until:
+            time.sleep(nap)
+
+
 class Inspector:
     """The process's watchdog thread and the collective (or point-to-point wait) it is watching
     now, if any."""
@@ -254,22 +266,25 @@ class Inspector:
             self.current = None
 
     def wait(self, request: MPI.Request, watch: Watch, peer: int, what: Callable[[], str],
-             timeout: Optional[float] = None) -> None:
+             timeout: Optional[float] = None, nap: float = 0.0) -> None:
         """``request.Wait()``, watched: ``request`` is a point-to-point call on ``watch``'s
         communicator with rank ``peer``, and ``what()`` says what this rank waits for (made only
         if the request is not complete at once). If it waits longer than the timeout, the
-        watchdog asks ``peer`` what it is doing, prints both and aborts the job."""
+        watchdog asks ``peer`` what it is doing, prints both and aborts the job. ``nap`` > 0:
+        test the request and sleep that many seconds between tests instead of MPI's wait, which
+        polls without pause (ranks that share cores: a waiting rank gives its core to one that
+        computes)."""
         if request.Test():
             return
-        if self.current is not None:          # inside a watched call: that one is watched
-            request.Wait()
-            return
-        self.start()
-        self.current = (PeerWait(watch, peer), timeout, what(), None)
-        try:
-            request.Wait()
-        finally:
-            self.current = None
+        if self.current is None:              # else inside a watched call: that one is watched
+            self.start()
+            self.current = (PeerWait(watch, peer), timeout, what(), None)
+            try:
+                _wait(request, nap)
+            finally:
+                self.current = None
+        else:
+            _wait(request, nap)
 
     def unwatch(self, watch: Watch) -> None:
         with self.lock:

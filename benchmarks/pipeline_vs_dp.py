@@ -57,8 +57,8 @@ def command(way: str, ranks: int, steps: int, micro: int, out: Path) -> List[str
     return train + ["--pipeline", "2", "--batch-size", str(GLOBAL_BATCH // (ranks // 2)), "--micro-batches", str(micro)]
 
 
-def run(where: str, way: str, ranks: int, steps: int, micro: int, out: Path) -> float:
-    """One run's median step in ms."""
+def run(where: str, way: str, ranks: int, steps: int, micro: int, out: Path) -> Dict:
+    """One run's median step in ms (``step_ms``) and where it went (``parts``)."""
     argv = command(way, ranks, steps, micro, out)
     full = [*CLUSTER, "run", "-n", str(ranks), "--timeout", "1800", "--", *argv] if where == "cluster" else \
         [MPIEXEC, "-n", str(ranks), *argv]
@@ -66,18 +66,26 @@ def run(where: str, way: str, ranks: int, steps: int, micro: int, out: Path) -> 
     if done.returncode != 0:
         raise SystemExit(f"FAILED ({done.returncode}): {' '.join(full)}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     report = json.loads(out.read_text())
-    return float(report["step_ms"]["step_p50"] if way == "pipeline" else report["straggler"]["step_ms_p50"])
+    if way == "pipeline":
+        return {"step_ms": float(report["step_ms"]["step_p50"]), "parts": report["step_ms"] | {"per_step": None},
+                "idle_share": report["pipeline"]["idle_share"]}
+    s = report["straggler"]
+    return {"step_ms": float(s["step_ms_p50"]),
+            "parts": {"compute_ms_p50_slowest": max(r["compute_ms_p50"] for r in s["ranks"]),
+                      "allreduce_ms_p50_median": statistics.median(r["allreduce_ms_p50"] for r in s["ranks"])}}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--where", choices=("cluster", "node"), default="cluster")
+    parser.add_argument("--where", choices=("cluster", "node"), default="cluster",
+                        help="the emulated cluster (as root) or this machine's ranks (default: cluster)")
     parser.add_argument("--ranks", type=int, default=8, help="ranks in all (even; default 8)")
     parser.add_argument("--nodes", type=int, default=2, help="with --where cluster: nodes (default 2)")
     parser.add_argument("--link", default="250mbit", help="with --where cluster: each node's link (default 250mbit)")
     parser.add_argument("--steps", type=int, default=12, help="steps per run (default 12)")
-    parser.add_argument("--micro-batches", type=int, default=8, help="the pipeline's M (default 8)")
+    parser.add_argument("--micro-batches", type=int, default=2, help="the pipeline's M (default 2)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each, in turn (default 3)")
+    parser.add_argument("--ways", default="dp,pipeline", help="which to run (default: dp,pipeline)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     args = parser.parse_args()
     if args.ranks < 2 or args.ranks % 2 or GLOBAL_BATCH % (args.ranks // 2 * args.micro_batches) or args.repeat < 1:
@@ -90,13 +98,18 @@ def main() -> int:
             parser.exit(2, f"{parser.prog}: error: {problem}\n")
         subprocess.run([*CLUSTER, "down"], capture_output=True)
         subprocess.run([*CLUSTER, "up", "--nodes", str(nodes), "--link", args.link], check=True)
-    steps: Dict[str, List[float]] = {"dp": [], "pipeline": []}
+    ways = [w.strip() for w in args.ways.split(",") if w.strip()]
+    if not ways or not set(ways) <= {"dp", "pipeline"}:
+        parser.error("--ways: dp, pipeline or both")
+    steps: Dict[str, List[float]] = {way: [] for way in ways}
+    parts: Dict[str, List[Dict]] = {way: [] for way in ways}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for k in range(args.repeat):
                 for way in steps:                      # in turn, so load from elsewhere hits both alike
-                    steps[way].append(run(args.where, way, args.ranks, args.steps, args.micro_batches,
-                                          Path(tmp) / f"{way}-{k}.json"))
+                    got = run(args.where, way, args.ranks, args.steps, args.micro_batches, Path(tmp) / f"{way}-{k}.json")
+                    steps[way].append(got["step_ms"])
+                    parts[way].append(got)
                     print(f"# {way} run {k + 1}: median step {steps[way][-1]:.0f} ms", flush=True)
     finally:
         if args.where == "cluster":
@@ -109,13 +122,14 @@ def main() -> int:
     for way, v in steps.items():
         print(f"{way:<10} {medians[way]:10.0f} {', '.join(f'{x:.0f}' for x in v):>28} "
               f"{link_bytes(way, args.ranks, nodes) / 1e6:22.1f}")
-    ratio = medians["pipeline"] / medians["dp"]
-    print(f"pipeline / dp: {ratio:.2f}x")
+    ratio = medians["pipeline"] / medians["dp"] if len(medians) == 2 else None
+    if ratio is not None:
+        print(f"pipeline / dp: {ratio:.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps({"where": args.where, "ranks": args.ranks, "nodes": nodes,
                                                "link": args.link, "parameters": parameters(),
                                                "micro_batches": args.micro_batches, "steps": steps,
-                                               "median_ms": medians, "ratio": ratio,
+                                               "median_ms": medians, "ratio": ratio, "runs": parts,
                                                "link_bytes_per_step": {w: link_bytes(w, args.ranks, nodes)
                                                                        for w in steps}}, indent=2) + "\n")
     return 0

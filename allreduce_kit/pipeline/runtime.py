@@ -35,6 +35,10 @@ __all__ = ["Runtime", "StepStats", "tag_of", "LOOKAHEAD"]
 LOOKAHEAD = 4
 
 
+#: Seconds a wait sleeps between tests of its message when ranks share cores.
+NAP_SECONDS = 50e-6
+
+
 class StepStats:
     """What a rank measured over the steps it ran: seconds waiting for inputs, seconds of the
     steps' spans, and the most micro-batches held at once."""
@@ -72,6 +76,9 @@ class Runtime:
                              f"{tag_of('B', micro_batches - 1, total_stages - 1, total_stages)}, above this MPI's "
                              f"largest tag {upper}: use fewer micro-batches")
         self.stats = StepStats()
+        #: with ranks sharing cores, a wait sleeps between tests (MPI's own polls without pause and
+        #: would take the core from a stage that computes)
+        self.nap = NAP_SECONDS if self.comm.oversubscribed else 0.0
 
     def _rank(self, stage: int) -> int:
         return self.peers[rank_of_stage(stage, self.pipeline_ranks)]
@@ -86,7 +93,7 @@ class Runtime:
         def describe() -> str:
             waiting = f"pipeline stage {stage} (rank {self.comm.myrank}) waiting for stage {peer_stage} (rank {peer})"
             return f"{waiting} to send its {what}" if receiving else f"{waiting} to receive the {what}"
-        INSPECTOR.wait(request, self.comm.watch, peer, describe)
+        INSPECTOR.wait(request, self.comm.watch, peer, describe, nap=self.nap)
 
     def _failed(self, error: BaseException, a: Action) -> None:
         error.add_note(f"in pipeline stage {a.stage} on rank {self.comm.myrank}: the "
