@@ -63,6 +63,10 @@ def test_a_pipeline_run_trains_and_reports_idle_share_and_peak_live_per_stage(ru
     assert len(pipe["idle_share"]) == 2 and all(0 <= x < 1 for x in pipe["idle_share"])
     # idle: not computing over the pipeline's span; waiting: for a message, over the rank's own span
     assert all(0 <= w <= i for w, i in zip(pipe["wait_share"], pipe["idle_share"]))
+    # each stage's measured forward and backward of one micro-batch, and the schedule simulated with them
+    assert all(len(pipe[k]) == 2 for k in ("forward_ms", "backward_ms", "expected_idle_share"))
+    assert all(t > 0 for t in pipe["forward_ms"] + pipe["backward_ms"])
+    assert all(0 <= x < 1 for x in pipe["expected_idle_share"]) and "expected" in out
     assert payload["steps"] == 2 and payload["replicas_identical"]
     assert pipe["straggler_stage"] == 1 and "the straggler holds stage 1" in out
     assert payload["config"]["pipeline"] == 2

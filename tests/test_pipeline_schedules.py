@@ -74,6 +74,22 @@ def check_peak(S, M):
     assert max(one) <= S
 
 
+def test_stages_of_unequal_forward_and_backward():
+    # (forward, backward) per stage: GPipe waits for the slower stage in each phase, 1F1B's steady
+    # state only for the slower forward + backward, so stages equal in forward + backward idle the
+    # bubble under 1F1B but not under GPipe
+    f, b, M = (3.0, 2.0), (5.0, 6.0), 8
+    gpipe = sc.simulate(sc.build(2, M, "gpipe"), stage_costs={0: (f[0], b[0]), 1: (f[1], b[1])})
+    assert gpipe.makespan == pytest.approx(M * (f[0] + b[1]) + f[1] + b[0])
+    one = sc.simulate(sc.build(2, M, "1f1b"), stage_costs={0: (f[0], b[0]), 1: (f[1], b[1])})
+    assert one.makespan == pytest.approx((M + 1) * (f[0] + b[0]))
+    assert one.idle_share == pytest.approx([1 / (M + 1)] * 2)
+    assert min(gpipe.idle_share) > 1 / (M + 1)
+    # a pair overrides forward_cost and backward_cost; a number scales them
+    assert sc.simulate(sc.build(2, 4, "1f1b"), 1.0, 2.0, stage_costs={0: (1.0, 2.0), 1: 1.0}).makespan == \
+        sc.simulate(sc.build(2, 4, "1f1b"), 1.0, 2.0).makespan
+
+
 def test_interleaved_idles_less_than_1f1b():
     for S, M, V in [(S, M, V) for S in (2, 3, 4, 8) for M in (S, 2 * S, 4 * S) for V in (2, 3)]:
         check_interleaved(S, M, V)

@@ -144,10 +144,14 @@ def main(args: Any, config: Any, threads: int, yield_note: str, comm: Any, parse
         f"{result['samples_per_second']:,.0f} samples/s | {result['train_seconds']:.1f} s training")
     say(f"replicas of each stage bitwise identical: {'yes' if result['replicas_identical'] else 'NO'} "
         f"(parameters blake2b {result['params_digest']})")
-    say("stage  idle share  simulated  waiting  peak live  simulated")
+    say("stage  idle share  simulated  expected  waiting  peak live  simulated  forward ms  backward ms")
     for k in range(s.stages):
         say(f"{k:>5}  {100 * pipe['idle_share'][k]:9.1f}%  {100 * pipe['simulated_idle_share'][k]:8.1f}%  "
-            f"{100 * pipe['wait_share'][k]:6.1f}%  {pipe['peak_live'][k]:>9}  {pipe['simulated_peak_live'][k]:>9}")
+            f"{100 * pipe['expected_idle_share'][k]:7.1f}%  {100 * pipe['wait_share'][k]:6.1f}%  "
+            f"{pipe['peak_live'][k]:>9}  {pipe['simulated_peak_live'][k]:>9}  {pipe['forward_ms'][k]:10.2f}  "
+            f"{pipe['backward_ms'][k]:11.2f}")
+    say("(simulated: the schedule with the stages' multiply-adds; expected: with the forward and backward "
+        "times measured)")
     if config.straggler:
         say(f"the straggler holds stage {pipe['straggler_stage']}: the whole pipeline waits on it (the other stages' idle share grows)")
     shared = build_summary("sync", trainer.ranks, trainer.ranks, result["epochs"], result["updates_applied"],

@@ -48,6 +48,10 @@ class StepStats:
         self.span = 0.0
         self.steps = 0
         self.peak_live = 0
+        self.forward = 0.0           # seconds in forwards (the loss's too, at the last stage)
+        self.backward = 0.0
+        self.forwards = 0            # forwards run (of one virtual stage, one micro-batch)
+        self.backwards = 0
 
     @property
     def idle_share(self) -> float:
@@ -123,6 +127,7 @@ class Runtime:
         held: List[np.ndarray] = []                  # send buffers, alive until their sends complete
         deltas: Dict[int, np.ndarray] = {}
         idle, live, peak, loss, correct = 0.0, 0, 0, 0.0, 0
+        forward = backward = 0.0
         posted = 0
         for i, a in enumerate(self.actions):
             # Receives are posted LOOKAHEAD actions ahead: an input can arrive while the rank computes,
@@ -140,6 +145,7 @@ class Runtime:
                 data = inputs[a.mb]
             else:
                 data = deltas.pop(a.mb)
+            t = time.perf_counter()
             if a.kind == "F":
                 try:
                     out = stage.forward(a.mb, data)
@@ -148,6 +154,7 @@ class Runtime:
                 except Exception as error:
                     self._failed(error, a)
                     raise
+                forward += time.perf_counter() - t
                 live += 1
                 peak = max(peak, live)
                 if a.stage == last:
@@ -164,6 +171,7 @@ class Runtime:
                 except Exception as error:
                     self._failed(error, a)
                     raise
+                backward += time.perf_counter() - t
                 live -= 1
                 if grad is not None:
                     grad = np.ascontiguousarray(grad)
@@ -179,6 +187,10 @@ class Runtime:
         s.span += time.perf_counter() - start
         s.steps += 1
         s.peak_live = max(s.peak_live, peak)
+        s.forward += forward
+        s.backward += backward
+        s.forwards += sum(a.kind == "F" for a in self.actions)
+        s.backwards += sum(a.kind == "B" for a in self.actions)
         return loss, correct
 
     def forward_only(self, x: Optional[np.ndarray], rows: int) -> Optional[np.ndarray]:

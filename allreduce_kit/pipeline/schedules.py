@@ -22,7 +22,7 @@ the timeline, each rank's idle share and peak live micro-batches. A schedule tha
 raises ``DeadlockError`` there, before any rank runs it.
 """
 from dataclasses import dataclass
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple, Union
 
 __all__ = ["Action", "Forward", "Backward", "SCHEDULES", "build", "simulate", "Timeline", "DeadlockError",
            "stage_of_rank", "rank_of_stage", "gpipe_idle_share", "format_timeline", "tag_of"]
@@ -158,12 +158,13 @@ class Timeline:
 
 
 def simulate(lists: List[List[Action]], forward_cost: float = 1.0, backward_cost: float = 2.0,
-             latency: float = 0.0, stage_costs: Optional[Dict[int, float]] = None) -> Timeline:
+             latency: float = 0.0, stage_costs: Optional[Dict[int, Union[float, Tuple[float, float]]]] = None) -> Timeline:
     """Run every rank's list as the runtime does and time it.
 
     An action starts once its rank is free and its input has arrived (``latency`` after the
     neighbour finished); a backward runs after its own forward. ``stage_costs`` scales a virtual
-    stage's costs (default 1 each). Checks the lists first: every (micro-batch, stage) forward and
+    stage's costs (default 1 each); a pair (forward, backward) gives its two costs instead
+    (``forward_cost`` and ``backward_cost`` are then not used for it). Checks the lists first: every (micro-batch, stage) forward and
     backward exactly once, each on the rank that holds the stage, the backward after the forward;
     raises ``ValueError`` otherwise and ``DeadlockError`` if the lists cannot all finish."""
     S = len(lists)
@@ -206,7 +207,11 @@ def simulate(lists: List[List[Action]], forward_cost: float = 1.0, backward_cost
                     break
                 ready = done[need] + latency if need is not None else 0.0
                 start = max(free[r], ready)
-                cost = (forward_cost if a.kind == "F" else backward_cost) * costs.get(a.stage, 1.0)
+                given = costs.get(a.stage, 1.0)
+                if isinstance(given, tuple):
+                    cost = given[0] if a.kind == "F" else given[1]
+                else:
+                    cost = (forward_cost if a.kind == "F" else backward_cost) * given
                 end = start + cost
                 spans[r].append((start, end, a))
                 done[a] = free[r] = end

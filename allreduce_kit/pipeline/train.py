@@ -319,19 +319,28 @@ class PipelineTrainer:
         time it waited for messages over its own span."""
         s = self.runtime.stats
         mine = (self.stage, self.replica, s.idle, s.span, s.peak_live)
-        gathered = self.comm.allgather(mine)
+        costs = (s.forward / max(s.forwards, 1), s.backward / max(s.backwards, 1))
+        gathered, measured = (list(part) for part in zip(*self.comm.allgather((mine, costs))))
         S = self.settings.stages
         makespan = {r: max(span for _, rep, _, span, _ in gathered if rep == r) for r in range(self.replicas)}
-        rows = [(st, 1.0 - (span - waited) / makespan[rep] if makespan[rep] > 0 else 0.0,
+        rows = [(st, (makespan[rep] - span + waited) / makespan[rep] if makespan[rep] > 0 else 0.0,
                  waited / span if span > 0 else 0.0, peak) for st, rep, waited, span, peak in gathered]
         idle = [float(np.mean([i for st, i, _, _ in rows if st == k])) for k in range(S)]
         wait = [float(np.mean([w for st, _, w, _ in rows if st == k])) for k in range(S)]
         peak = [int(max(p for st, _, _, p in rows if st == k)) for k in range(S)]
+        # each pipeline rank's mean forward and backward of one micro-batch through one of its
+        # virtual stages, over its replicas; the schedule simulated with them
+        cost = [(float(np.mean([c[0] for (st, *_), c in zip(gathered, measured) if st == k])),
+                 float(np.mean([c[1] for (st, *_), c in zip(gathered, measured) if st == k]))) for k in range(S)]
+        expected = schedules.simulate(self.actions, stage_costs={v: cost[schedules.rank_of_stage(v, S)]
+                                                                 for v in range(S * self.settings.virtual_stages)})
         return {"stages": S, "replicas": self.replicas, "micro_batches": self.settings.micro_batches,
                 "schedule": self.settings.schedule, "virtual_stages": self.settings.virtual_stages,
                 "split": list(self.settings.split), "placement": self.settings.placement,
                 "layers_per_stage": [[a, b] for a, b in self.bounds],
                 "idle_share": idle, "wait_share": wait, "peak_live": peak,
+                "forward_ms": [1e3 * f for f, _ in cost], "backward_ms": [1e3 * b for _, b in cost],
+                "expected_idle_share": expected.idle_share,
                 "simulated_idle_share": self.simulated.idle_share, "simulated_peak_live": self.simulated.peak_live,
                 "straggler_stage": self.grid.position(self.config.straggler[0])[0] if self.config.straggler else None,
                 "ranks": [{"rank": r, "stage": st, "idle_share": i, "wait_share": w, "peak_live": p}
