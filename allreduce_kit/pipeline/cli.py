@@ -95,6 +95,7 @@ def main(args: Any, config: Any, threads: int, yield_note: str, comm: Any, parse
     """The pipeline run (every rank); rank 0 prints, and writes ``--json``."""
     from ..train.checkpoint import CheckpointError
     from ..train.signals import STOPPED_STATUS, StopSignals, Stopped
+    from ..train.report import epoch_line
     from ..train.summary import build_summary, summary_lines
     from ..train.trainer import NonFiniteError, ResumeError
     from .train import PipelineError, PipelineSettings, PipelineTrainer
@@ -125,8 +126,7 @@ def main(args: Any, config: Any, threads: int, yield_note: str, comm: Any, parse
         say(f"injected straggler: rank {config.straggler[0]} +{config.straggler[1]:g} ms per step")
 
     def on_epoch(m) -> None:
-        say(f"epoch {m['epoch']:>3}/{config.epochs}  loss {m['loss']:.4f}  train {100 * m['train_accuracy']:.2f}%  "
-            f"test {100 * m['test_accuracy']:.2f}%  {m['seconds']:.2f} s")
+        say(epoch_line(m, config.epochs))                # the data-parallel run's line
 
     if config.checkpoint_dir:                            # SIGTERM/SIGUSR1: save at the next step boundary, exit 75
         trainer.stop = StopSignals(comm)
