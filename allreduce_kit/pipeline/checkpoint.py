@@ -75,18 +75,11 @@ def meta(t: "PipelineTrainer", gathered: List[Any], seconds: Optional[float]) ->
               "arrays": ["params", *t.optimizer.state()],
               "files": [os.path.join(os.path.basename(checkpoint.shards_dir(checkpoint.name_for(t.step))),
                                      checkpoint.stage_name(k)) for k in range(len(stages))]}
-    return {"step": t.step, "ranks": t.replicas, "batch_size": t.config.batch_size, "widths": t.model.widths,
-            "dtype": t.model.dtype.name, "seed": t.config.seed, "mode": "sync",
-            "run": t.run_identity, "run_settings": t.run_settings,
-            "data_rng": {"scheme": "permutation of epoch e drawn from numpy default_rng([seed, 3, e])",
-                         "seed": t.config.seed},
-            "jitter_rng_states": [], "skipped_steps": t.skipped_steps,
-            "history": [e for e in t.history if e["epoch"] <= epoch],
-            "open_epoch": None if seconds is None or into == 0 else
-            {"epoch": epoch, "sums": per_replica.tolist(), "seconds": seconds},
-            "config": t.config.as_dict(), "optimizer_scalars": t.optimizer.scalars(),
-            "position": {"epoch": at[0], "offset": at[1], "steps": into}, "accum_steps": 1,
-            "base_global_batch": t.replicas * t.config.batch_size, "lr": t.config.lr,
+    return {**checkpoint.sync_record(t, t.replicas, epoch, [],
+                                     None if seconds is None or into == 0 else
+                                     {"epoch": epoch, "sums": per_replica.tolist(), "seconds": seconds},
+                                     {"position": {"epoch": at[0], "offset": at[1], "steps": into}, "accum_steps": 1,
+                                      "base_global_batch": t.replicas * t.config.batch_size, "lr": t.config.lr}),
             "pipeline": record}
 
 

@@ -74,6 +74,24 @@ def run_settings(config: Mapping[str, Any], mode: str) -> Dict[str, Any]:
     return settings
 
 
+def sync_record(t: Any, ranks: int, epochs_done: int, jitter_rng_states: List[Any],
+                open_epoch: Optional[Dict[str, Any]], position: Dict[str, Any]) -> Dict[str, Any]:
+    """A ``--mode sync`` checkpoint's record of trainer ``t``'s step (``t.step``, ``t.config``,
+    ``t.model``, ``t.run_identity``, ``t.run_settings``, ``t.skipped_steps``, ``t.history``,
+    ``t.optimizer``), with ``ranks`` data-parallel ranks, the epochs finished, each rank's
+    jitter RNG state, the open epoch's sums and the position in the data (``position``,
+    ``accum_steps``, ``base_global_batch``, ``lr``): the one format every synchronous trainer
+    writes, and so resumes from another's."""
+    return {"step": t.step, "ranks": ranks, "batch_size": t.config.batch_size, "widths": t.model.widths,
+            "dtype": t.model.dtype.name, "seed": t.config.seed, "mode": "sync",
+            "run": t.run_identity, "run_settings": t.run_settings,
+            "data_rng": {"scheme": "permutation of epoch e drawn from numpy default_rng([seed, 3, e])",
+                         "seed": t.config.seed},
+            "jitter_rng_states": jitter_rng_states, "skipped_steps": t.skipped_steps,
+            "history": [e for e in t.history if e["epoch"] <= epochs_done], "open_epoch": open_epoch,
+            "config": t.config.as_dict(), "optimizer_scalars": t.optimizer.scalars(), **position}
+
+
 def run_identity(settings: Mapping[str, Any]) -> str:
     """A run's identity: a short digest of its ``run_settings``."""
     return hashlib.blake2b(json.dumps(settings, sort_keys=True).encode(), digest_size=8).hexdigest()

@@ -459,18 +459,10 @@ class Trainer:
     def checkpoint_meta(self, gathered: List[Tuple[Any, Any]], now: Optional[Tuple[List[float], float]]) -> Dict[str, Any]:
         """A checkpoint's record of this step, from every rank's (jitter RNG state, open epoch's sums)."""
         done, into = self.plan.position(self.step)
-        meta = {"step": self.step, "ranks": self.ranks, "batch_size": self.config.batch_size, "widths": self.model.widths,
-                "dtype": self.model.dtype.name, "seed": self.config.seed, "mode": "sync",
-                "run": self.run_identity, "run_settings": self.run_settings,
-                "data_rng": {"scheme": "permutation of epoch e drawn from numpy default_rng([seed, 3, e])",
-                             "seed": self.config.seed},
-                "jitter_rng_states": [state for state, _ in gathered], "skipped_steps": self.skipped_steps,
-                "history": [e for e in self.history if e["epoch"] <= done],
-                "open_epoch": None if now is None else {"epoch": done, "sums": [sums for _, sums in gathered],
-                                                        "seconds": now[1]},
-                "config": self.config.as_dict(), "optimizer_scalars": self.optimizer.scalars(),
-                **self._position_record(into)}
-        return meta
+        return checkpoint.sync_record(self, self.ranks, done, [state for state, _ in gathered],
+                                      None if now is None else {"epoch": done, "sums": [sums for _, sums in gathered],
+                                                                "seconds": now[1]},
+                                      self._position_record(into))
 
     def _position_record(self, into: int) -> Dict[str, Any]:
         """What a checkpoint records of the position in the data (in samples) and the batch it was reached with."""
