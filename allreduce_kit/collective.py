@@ -319,8 +319,8 @@ def allreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
                     settled.quiet -= 1
                     runs = settled.winner
                 elif tuner is not None or online.tuner_for(lib) is not None:  # exploring, or timing a check
-                    lib.state[online.Tuner].call(lib, array if array.ndim == 1 else array.reshape(-1),
-                                                 lib.reductions[name], array.nbytes)
+                    lib.state[online.Tuner].call(lib, array.nbytes, array if array.ndim == 1 else array.reshape(-1),
+                                                 lib.reductions[name])
                     return buf
                 else:  # online tuning off: the table's choice, which stays
                     runs = selection.choose_for(lib, array.nbytes)

@@ -37,17 +37,23 @@ the exploration's calls after it, then each gap doubles up to ``MAX_GAP`` times 
 winner's time has moved by more than ``DRIFT`` (either way) against what exploration measured,
 the class explores again: the machine's state changed.
 
+**Other collectives**: ``reduce_scatter``, ``allgather`` and ``broadcast`` tune the same way,
+each with its own ``Spec`` (its registry, short lists and table; ``Tuner`` runs
+``algorithm(lib, *args)`` whatever the collective), on one node only: across nodes their tables'
+choices run untimed (``CollectiveTable``).
+
 **Saved results** (``ALLREDUCE_KIT_ONLINE_TUNING=save``): rank 0 writes each class's result, with
 what was measured, to the tuning file (``$ALLREDUCE_KIT_TUNING``'s path, else the default
 file), under ``online`` -> ``"<ranks>/<nodes>"`` -> the class's first byte count. A later job on
 the same layout starts with those classes settled and checks them on their first window.
+Another collective's go under ``"<collective> <ranks>/<nodes>"``.
 """
 import json
 import os
 import sys
 import warnings
 from time import perf_counter
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -97,33 +103,52 @@ PRIOR_MARGIN = 0.05
 MEMO_SIZES = 4096
 
 
+class Spec(NamedTuple):
+    """What online tuning needs of one collective: its name, its registry (name -> algorithm,
+    called ``algorithm(lib, *args)``), its short lists (as ``CANDIDATES``), the names left out
+    where the ranks transfer directly (as ``DOMINATED_WITH_DIRECT``), its table
+    (``table(lib, nbytes)``, ``None``: ``selection``'s, allreduce's own) and whether it is tuned
+    across nodes (else the table's choice runs there, untimed)."""
+    name: str
+    algorithms: Dict[str, Callable]
+    candidates: Tuple[Tuple[int, Tuple[str, ...], int], ...]
+    dominated: Tuple[str, ...] = ()
+    table: Optional[Callable[[Any, int], str]] = None
+    across_nodes: bool = False
+
+
+#: ``allreduce``'s.
+ALLREDUCE = Spec("allreduce", ALGORITHMS, CANDIDATES, DOMINATED_WITH_DIRECT, None, True)
+
+
 def size_class(nbytes: int) -> int:
     """The class of a message of ``nbytes`` bytes: its first byte count, a power of two."""
     return 1 << (nbytes.bit_length() - 1) if nbytes > 0 else 0
 
 
 def candidates_for(nbytes: int, prior: str, direct: bool = False,
-                   across: Optional[Tuple[str, ...]] = None) -> Tuple[Tuple[str, ...], int]:
-    """The algorithms explored for ``nbytes`` (the table's choice ``prior`` first) and the calls
-    per timed turn; ``direct``: the ranks transfer directly, so ``DOMINATED_WITH_DIRECT`` are
-    left out; ``across``: the list tried across nodes, in place of ``CANDIDATES``' (the turns
-    stay as long)."""
-    listed, block = CANDIDATES[0][1], CANDIDATES[0][2]
-    for start, names, turn in CANDIDATES:
+                   across: Optional[Tuple[str, ...]] = None, spec: Spec = ALLREDUCE) -> Tuple[Tuple[str, ...], int]:
+    """The algorithms of ``spec``'s collective explored for ``nbytes`` (the table's choice
+    ``prior`` first) and the calls per timed turn; ``direct``: the ranks transfer directly, so
+    ``spec.dominated`` are left out; ``across``: the list tried across nodes, in place of the
+    short lists (the turns stay as long)."""
+    listed, block = spec.candidates[0][1], spec.candidates[0][2]
+    for start, names, turn in spec.candidates:
         if nbytes >= start:
             listed, block = names, turn
     if across is not None:
         listed = across
     if direct and nbytes >= DOMINATED_FROM:
-        listed = tuple(n for n in listed if n not in DOMINATED_WITH_DIRECT)
-    names = tuple(n for n in dict.fromkeys((prior,) + listed) if n in ALGORITHMS)
+        listed = tuple(n for n in listed if n not in spec.dominated)
+    names = tuple(n for n in dict.fromkeys((prior,) + listed) if n in spec.algorithms)
     return names, block
 
 
-def exploration_calls(nbytes: int, prior: str = "shared_memory", extensions: int = 0, direct: bool = False) -> int:
+def exploration_calls(nbytes: int, prior: str = "shared_memory", extensions: int = 0, direct: bool = False,
+                      spec: Spec = ALLREDUCE) -> int:
     """How many calls of ``nbytes``' class exploration takes with ``extensions`` sets of extra
     rounds (at most ``MAX_EXTENSIONS``)."""
-    names, block = candidates_for(nbytes, prior, direct)
+    names, block = candidates_for(nbytes, prior, direct, spec=spec)
     return len(names) * (1 + ROUNDS * (1 + extensions)) * block
 
 
@@ -173,14 +198,19 @@ class SizeClass:
 class Tuner:
     """One communicator's online tuning: its size classes, each exploring or settled."""
 
-    def __init__(self, lib, auto: "selection.Auto", mode: str, path: Optional[str], direct: bool = False):
-        self.auto, self.mode, self.path = auto, mode, path
+    def __init__(self, lib, auto: "selection.Auto", mode: str, path: Optional[str], direct: bool = False,
+                 spec: Spec = ALLREDUCE):
+        self.auto, self.mode, self.path, self.spec = auto, mode, path, spec
+        self.algorithms = spec.algorithms
         #: The ranks read and write each other's buffers with the compiled kernels, so the
         #: algorithms that can (``two_shot``, ``ring``, ``rabenseifner``) do (``candidates_for``).
         self.direct = direct
         #: Where the ranks sit across nodes (``None`` on one node): the list tried depends on it.
         self.across = None if lib.layout.single_node else lib.layout
-        self.layout = f"{lib.nranks}/{lib.layout.nodes}"
+        #: where the tuning file keeps this communicator's results (allreduce's: "<ranks>/<nodes>";
+        #: another collective's are prefixed by its name)
+        self.layout = f"{lib.nranks}/{lib.layout.nodes}" if spec is ALLREDUCE else \
+            f"{spec.name} {lib.nranks}/{lib.layout.nodes}"
         self.rank, self.nranks, self.nodes = lib.myrank, lib.nranks, lib.layout.nodes
         self.classes: Dict[int, SizeClass] = {}
         #: message size -> its class (``allreduce`` reads it first)
@@ -188,7 +218,7 @@ class Tuner:
         for low, entry in (auto.saved.get(self.layout) or {}).items():
             low = int(low)
             if low > 0 and low & (low - 1) == 0 and not auto.untimed(low):
-                names, block = candidates_for(low, auto.choose(low), self.direct, self._across(low))
+                names, block = candidates_for(low, auto.choose(low), self.direct, self._across(low), spec)
                 names = tuple(dict.fromkeys((entry["algorithm"],) + names))
                 saved = SizeClass(low, names, block, entry["algorithm"])
                 times = entry.get("times_us") or {}
@@ -213,7 +243,8 @@ class Tuner:
             found = self.classes.get(low)
             if found is None:
                 found = self.classes[low] = SizeClass(
-                    low, *candidates_for(nbytes, self.auto.choose(nbytes), self.direct, self._across(nbytes)))
+                    low, *candidates_for(nbytes, self.auto.choose(nbytes), self.direct, self._across(nbytes),
+                                         self.spec))
         if len(self.by_nbytes) < MEMO_SIZES:
             self.by_nbytes[nbytes] = found
         return found
@@ -223,12 +254,31 @@ class Tuner:
         found = self.class_for(nbytes)
         return found.winner or self.auto.choose(nbytes)
 
-    def call(self, lib, buf: np.ndarray, reduction, nbytes: int) -> None:
-        """Run one ``auto`` call of ``nbytes`` bytes on ``lib``: collective, as the algorithm is."""
+    def upcoming(self, nbytes: int) -> str:
+        """The algorithm the next call of ``nbytes`` runs (local, sends nothing)."""
+        c = self.class_for(nbytes)
+        if c.quiet or not c.exploring:
+            return c.winner
+        m = len(c.candidates)
+        rnd, slot = divmod(c.calls // c.block, m)
+        return c.candidates[(slot + rnd) % m]
+
+    def call(self, lib, nbytes: int, *args) -> None:
+        """Run one ``auto`` call of ``nbytes`` bytes on ``lib``, ``algorithm(lib, *args)`` (for
+        allreduce: the buffer and the reduction): collective, as the algorithm is."""
         c = self.class_for(nbytes)
         if c.quiet:
             c.quiet -= 1
-            ALGORITHMS[c.winner](lib, buf, reduction)
+            self.algorithms[c.winner](lib, *args)
+            return
+        algorithms = self.algorithms
+        self.run(lib, c, lambda name: algorithms[name](lib, *args))
+
+    def run(self, lib, c: SizeClass, runner: Callable[[str], None]) -> None:
+        """One call of class ``c``: ``runner(name)`` runs the algorithm ``name`` (collective)."""
+        if c.quiet:
+            c.quiet -= 1
+            runner(c.winner)
             return
         m = len(c.candidates)
         if c.exploring:
@@ -236,7 +286,7 @@ class Tuner:
             rnd, slot = divmod(turn, m)
             index = (slot + rnd) % m
             start = perf_counter()
-            ALGORITHMS[c.candidates[index]](lib, buf, reduction)
+            runner(c.candidates[index])
             elapsed = perf_counter() - start
             c.calls += 1
             c.spent += 1
@@ -252,7 +302,7 @@ class Tuner:
                 self._agree_on_winner(lib, c)
             return
         start = perf_counter()
-        ALGORITHMS[c.winner](lib, buf, reduction)
+        runner(c.winner)
         c.pending += perf_counter() - start
         c.calls += 1
         if c.calls % c.block == 0:
@@ -360,19 +410,49 @@ def _make(lib) -> Optional[Tuner]:
     return auto.online
 
 
-def tuner_for(lib) -> Optional[Tuner]:
-    """``lib``'s tuner, made on the first ``auto`` call (collective then); ``None`` if off."""
-    return lib.attach(Tuner, _make)
+class CollectiveTable:
+    """Another collective's ``auto`` table as the tuner reads allreduce's (``selection.Auto``):
+    its choice, what the tuning file saved, and where its choice is followed untimed (across
+    nodes, unless ``spec.across_nodes``)."""
+
+    def __init__(self, lib, spec: Spec, saved: dict):
+        self.lib, self.spec, self.saved = lib, spec, saved
+        self.fixed = not spec.across_nodes and not lib.layout.single_node
+
+    def choose(self, nbytes: int) -> str:
+        return self.spec.table(self.lib, nbytes)
+
+    def untimed(self, nbytes: int) -> bool:
+        return self.fixed
 
 
-def exploring(lib, nbytes: int) -> bool:
+def _make_for(spec: Spec) -> Callable[[Any], Optional[Tuner]]:
+    def make(lib) -> Optional[Tuner]:
+        allreduce_tuner = tuner_for(lib)   # the settings, agreed once per communicator (collective)
+        if allreduce_tuner is None:
+            return None
+        saved = lib.state[selection.Auto].saved
+        return Tuner(lib, CollectiveTable(lib, spec, saved), allreduce_tuner.mode, allreduce_tuner.path,
+                     peers_for(lib) is not None, spec)
+    return make
+
+
+def tuner_for(lib, spec: Spec = ALLREDUCE) -> Optional[Tuner]:
+    """``lib``'s tuner for ``spec``'s collective, made on the first ``auto`` call (collective
+    then); ``None`` if online tuning is off."""
+    if spec is ALLREDUCE:
+        return lib.attach(Tuner, _make)
+    return lib.attach(("online", spec.name), _make_for(spec))  # type: ignore[arg-type]
+
+
+def exploring(lib, nbytes: int, spec: Spec = ALLREDUCE) -> bool:
     """``auto`` is still exploring the class of ``nbytes`` on ``lib`` (collective on the first
     ``auto`` use of ``lib``): the bench runs ``auto`` until this is false before timing it."""
-    tuner = tuner_for(lib)
+    tuner = tuner_for(lib, spec)
     return tuner is not None and lib.nranks > 1 and nbytes > 0 and tuner.class_for(nbytes).exploring
 
 
-def report(lib, nbytes: int) -> Optional[dict]:
+def report(lib, nbytes: int, spec: Spec = ALLREDUCE) -> Optional[dict]:
     """What online tuning measured for ``nbytes``' class on ``lib``, or ``None``."""
-    tuner = lib.state.get(Tuner)
+    tuner = lib.state.get(Tuner if spec is ALLREDUCE else ("online", spec.name))
     return tuner.report(nbytes) if tuner is not None else None

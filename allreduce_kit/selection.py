@@ -31,7 +31,7 @@ import math
 import os
 from bisect import bisect_right
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import config
 from .algorithms import ALGORITHMS
@@ -106,14 +106,30 @@ def parse(payload: dict, source: str = "tuning file") -> Table:
     if not isinstance(online, dict) or not all(isinstance(v, dict) for v in online.values()):
         raise ValueError(f"{source}: 'online' must be an object (layout -> size class -> what was measured)")
     for layout, classes in online.items():
+        names = _registry_of(layout, source)
         for low, entry in classes.items():
-            if not str(low).isdigit() or not isinstance(entry, dict) or entry.get("algorithm") not in ALGORITHMS:
+            if not str(low).isdigit() or not isinstance(entry, dict) or entry.get("algorithm") not in names:
                 raise ValueError(f"{source}: bad online entry {low!r} for {layout!r}: want a size in bytes -> "
-                                 f"{{\"algorithm\": one of {', '.join(ALGORITHMS)}, ...}}")
+                                 f"{{\"algorithm\": one of {', '.join(names)}, ...}}")
     table.online = online
     if not table and not online:
         raise ValueError(f"{source}: no rules")
     return table
+
+
+def _registry_of(layout: str, source: str) -> Dict[str, Any]:
+    """The algorithms an ``online`` layout's entries may name: allreduce's for ``"<ranks>/<nodes>"``,
+    the collective's for ``"<collective> <ranks>/<nodes>"``."""
+    if " " not in layout:
+        return ALGORITHMS
+    from .algorithms import allgather, broadcast, reduce_scatter
+    registries = {"reduce_scatter": reduce_scatter.ALGORITHMS, "allgather": allgather.ALGORITHMS,
+                  "broadcast": broadcast.ALGORITHMS}
+    name = layout.split(" ", 1)[0]
+    if name not in registries:
+        raise ValueError(f"{source}: online layout {layout!r} names no collective online tuning keeps "
+                         f"({', '.join(registries)})")
+    return registries[name]
 
 
 def load(path: Optional[str] = None) -> Tuple[Table, str]:

@@ -104,7 +104,17 @@ BAD_PAYLOADS = [
      "bad online entry '64' for '2/1'"),
     ("online entry not a size", {"online": {"2/1": {"big": {"algorithm": A}}}}, "bad online entry 'big' for '2/1'"),
     ("empty online, no rules", {"online": {}}, "no rules"),
+    ("online of an unknown collective", {"online": {"gather 2/1": {"64": {"algorithm": A}}}},
+     "online layout 'gather 2/1' names no collective"),
+    ("online entry not the collective's algorithm", {"online": {"broadcast 2/1": {"64": {"algorithm": "two_shot"}}}},
+     "bad online entry '64' for 'broadcast 2/1'"),
 ]
+
+
+def test_another_collectives_online_results_are_kept_under_its_name():
+    table = selection.parse({"online": {"reduce_scatter 4/1": {"2048": {"algorithm": "pairwise"}},
+                                        "4/1": {"2048": {"algorithm": "two_shot"}}}})
+    assert table.online["reduce_scatter 4/1"]["2048"]["algorithm"] == "pairwise"
 
 
 @pytest.mark.parametrize("what, payload, words", BAD_PAYLOADS, ids=[case[0] for case in BAD_PAYLOADS])

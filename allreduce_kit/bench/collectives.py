@@ -19,6 +19,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
+from .. import online
 from ..algorithms.mpi import MPI_OPS
 from ..blocks import block, counts
 from ..comm import library_comm
@@ -45,11 +46,18 @@ def bus_factor(collective: str, p: int) -> float:
     return 1.0 if collective == "broadcast" else (p - 1) / p
 
 
-def chosen(collective: str, lib, nbytes: int) -> str:
-    from ..algorithms import allgather, broadcast, reduce_scatter
+def spec(collective: str) -> online.Spec:
+    """The collective's online tuning (``online.Spec``): its registry and table."""
+    from ..collectives import allgather, broadcast, reduce_scatter
 
-    module = {"reduce_scatter": reduce_scatter, "allgather": allgather, "broadcast": broadcast}[collective]
-    return module.choose(lib, nbytes)
+    return {"reduce_scatter": reduce_scatter, "allgather": allgather, "broadcast": broadcast}[collective].SPEC
+
+
+def chosen(collective: str, lib, nbytes: int) -> str:
+    """What ``auto`` runs at ``nbytes``: online tuning's winner, else the table's choice."""
+    tuned = spec(collective)
+    tuner = lib.state.get(("online", tuned.name))
+    return tuner.choice(nbytes) if tuner is not None else tuned.table(lib, nbytes)
 
 
 class Case:
@@ -125,7 +133,13 @@ def sweep(collective: str, comm: MPI.Intracomm, sizes: Sequence[int], dtype: np.
             call = timed[name] = case.call(name)
             case.restore()
             call()  # the first call compiles or loads kernels and allocates scratch: untimed
-            wrong.append(case.wrong())
+            bad = case.wrong()
+            # auto's exploring calls (online tuning), each checked, before it is timed
+            while name == "auto" and p > 1 and online.exploring(lib, size, spec(collective)):
+                case.restore()
+                call()
+                bad += case.wrong()
+            wrong.append(bad)
         wrong = comm.allreduce(np.array(wrong), op=MPI.SUM).tolist()
         times, batches = time_calls(timed, case.restore, comm, samples, warmup, batch)
         for name, bad in zip(algorithms, wrong):

@@ -9,11 +9,12 @@ from mpi4py import MPI
 from ..algorithms import allgather as registry
 from ..algorithms.allgather import shared_memory
 from ..blocks import counts as rule_counts
+from .. import online
 from ..comm import library_comm
 from ..progress import IN_FLIGHT
 from ..trace.recorder import ACTIVE as _TRACING
 from .common import (Again, algorithm_name, checking_locally, comm_shape, counts_argument, input_array, keeps,
-                     output_array, settle, stall_argument, watched)
+                     output_array, settle, stall_argument, tuned, watched)
 
 _COMM_WORLD = MPI.COMM_WORLD
 CALLER = "allgather"
@@ -121,13 +122,23 @@ def allgather(block: np.ndarray, out: Optional[np.ndarray] = None, *, counts: Op
             slot[:] = mine
         if lib.nranks == 1 or result.size == 0:
             return out
-        runs = registry.choose(lib, result.nbytes) if algorithm == "auto" else algorithm
-        registry.ALGORITHMS[runs](lib, result, bounds)
+        tuner = online.tuner_for(lib, SPEC) if algorithm == "auto" else None
+        if tuner is not None:
+            tuner.call(lib, result.nbytes, result, bounds)
+        else:
+            runs = registry.choose(lib, result.nbytes) if algorithm == "auto" else algorithm
+            registry.ALGORITHMS[runs](lib, result, bounds)
     if (counts is None and keeps(lib, comm, check, stall_timeout) and type(block) is np.ndarray and block.ndim == 1
             and type(out) is np.ndarray and out.ndim == 1):
-        _LAST[0] = Again(lib, block, out, algorithm, _kept(lib, runs, result.dtype, bounds,
-                                                                slot.ctypes.data != mine.ctypes.data), what)
+        copies = slot.ctypes.data != mine.ctypes.data
+        kept = tuned(lib, tuner, result.nbytes, lambda name: _kept(lib, name, result.dtype, bounds, copies)) \
+            if tuner is not None else _kept(lib, runs, result.dtype, bounds, copies)
+        _LAST[0] = Again(lib, block, out, algorithm, kept, what)
     return out
+
+
+#: ``auto``'s online tuning (``online.py``) for allgather.
+SPEC = online.Spec(CALLER, registry.ALGORITHMS, registry.CANDIDATES, table=registry.choose)
 
 
 def _kept(lib, runs: str, dtype, bounds, copies: bool):

@@ -9,11 +9,12 @@ from ..algorithms import broadcast as registry
 from ..algorithms import direct as transport
 from ..algorithms.broadcast import shared_memory
 from ..algorithms.shared_memory import window_of
+from .. import online
 from ..comm import library_comm
 from ..progress import IN_FLIGHT
 from ..trace.recorder import ACTIVE as _TRACING
 from .common import (Again, agree_unchecked, algorithm_name, checking_locally, comm_shape, input_array, keeps,
-                     rank_argument, settle, stall_argument, watched)
+                     rank_argument, settle, stall_argument, tuned, watched)
 
 _COMM_WORLD = MPI.COMM_WORLD
 CALLER = "broadcast"
@@ -81,12 +82,24 @@ def broadcast(buf: np.ndarray, root: int = 0, *, algorithm: str = "auto", comm: 
         settle(lib, CALLER, fields, error, check)
         if lib.nranks == 1:
             return buf
+        checked = check or (check is None and lib.check_default)
+        fields = [("buf length", array.size), ("buf dtype", array.dtype.name), ("root", root), ("algorithm", algorithm)]
         # chosen once the ranks are known to agree: the first choice on a communicator may set up
         # its window or direct reads, collectively
+        tuner = online.tuner_for(lib, SPEC) if algorithm == "auto" and array.size else None
+        if tuner is not None:
+            def runner(name: str) -> None:
+                if not checked and not _finds_differences(lib, name):
+                    agree_unchecked(lib, CALLER, fields, "buf")
+                registry.ALGORITHMS[name](lib, array, root)
+            tuner.run(lib, tuner.class_for(array.nbytes), runner)
+            if keeps(lib, comm, check, stall_timeout) and type(buf) is np.ndarray and buf.ndim == 1:
+                kept = tuned(lib, tuner, array.nbytes, lambda name: _kept(lib, name, array.dtype, root, fields))
+                _LAST[0] = Again(lib, buf, None, (algorithm, root), kept, what)
+            return buf
         runs = registry.choose(lib, array.nbytes) if algorithm == "auto" else algorithm
-        if not (check or (check is None and lib.check_default)) and not _finds_differences(lib, runs):
-            agree_unchecked(lib, CALLER, [("buf length", array.size), ("buf dtype", array.dtype.name),
-                                          ("root", root), ("algorithm", algorithm)], "buf")
+        if not checked and not _finds_differences(lib, runs):
+            agree_unchecked(lib, CALLER, fields, "buf")
         if array.size:
             registry.ALGORITHMS[runs](lib, array, root)
             kept = _kept(lib, runs, array.dtype, root) if keeps(lib, comm, check, stall_timeout) else None
@@ -95,14 +108,25 @@ def broadcast(buf: np.ndarray, root: int = 0, *, algorithm: str = "auto", comm: 
     return buf
 
 
-def _kept(lib, runs: str, dtype, root: int):
-    """The call of ``runs`` from ``root`` that ``Again`` repeats."""
+#: ``auto``'s online tuning (``online.py``) for broadcast.
+SPEC = online.Spec(CALLER, registry.ALGORITHMS, registry.CANDIDATES, table=registry.choose)
+
+
+def _kept(lib, runs: str, dtype, root: int, fields: Optional[list] = None):
+    """The call of ``runs`` from ``root`` that ``Again`` repeats. By messages every call agrees
+    first (``fields``): ``None`` without them (the full path then)."""
     fast = shared_memory.binding(lib, dtype, root) if runs == "shared_memory" else None
     if fast is not None:
         return lambda buf, _: fast(buf)
-    if not _finds_differences(lib, runs):
-        return None  # by messages every call agrees first: the full path
     algorithm = registry.ALGORITHMS[runs]
+    if not _finds_differences(lib, runs):
+        if fields is None:
+            return None
+
+        def agreed(buf, _) -> None:
+            agree_unchecked(lib, CALLER, fields, "buf")
+            algorithm(lib, buf, root)
+        return agreed
     return lambda buf, _: algorithm(lib, buf, root)
 
 

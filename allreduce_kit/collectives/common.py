@@ -4,7 +4,7 @@ import weakref
 import zlib
 from contextlib import contextmanager
 from numbers import Integral
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -218,3 +218,26 @@ def keeps(lib: LibraryComm, comm, check: Optional[bool], stall_timeout) -> bool:
     """Whether a call just made the full way may be kept (``Again``)."""
     return ((comm is None or comm is MPI.COMM_WORLD) and check is None and stall_timeout is None
             and not lib.check_default and bool(_world) and lib is _world[0])
+
+
+def tuned(lib: LibraryComm, tuner, nbytes: int, bind: Callable[[str], Callable]) -> Callable:
+    """What ``Again`` repeats of an ``auto`` call that online tuning runs (``online.Tuner``):
+    while the call's size class is settled and between its checks, the winner's own call
+    (``bind(name)``: ``run(first, second)``), counting those calls down as the tuner does;
+    otherwise the tuner's turn (exploring, or timing the winner for a check)."""
+    c = tuner.class_for(nbytes)
+    bound: Dict[str, Callable] = {}
+
+    def of(name: str) -> Callable:
+        fn = bound.get(name)
+        if fn is None:
+            fn = bound[name] = bind(name)
+        return fn
+
+    def run(first, second) -> None:
+        if c.quiet:
+            c.quiet -= 1
+            of(c.winner)(first, second)
+        else:
+            tuner.run(lib, c, lambda name: of(name)(first, second))
+    return run

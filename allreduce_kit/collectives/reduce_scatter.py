@@ -9,11 +9,12 @@ from ..algorithms import reduce_scatter as registry
 from ..algorithms.reduce_scatter import shared_memory
 from ..blocks import block as block_of
 from ..collective import op_name
+from .. import online
 from ..comm import library_comm
 from ..progress import IN_FLIGHT
 from ..trace.recorder import ACTIVE as _TRACING
 from .common import (Again, algorithm_name, checking_locally, comm_shape, input_array, keeps, output_array,
-                     settle, stall_argument, watched)
+                     settle, stall_argument, tuned, watched)
 
 _COMM_WORLD = MPI.COMM_WORLD
 CALLER = "reduce_scatter"
@@ -101,16 +102,27 @@ def reduce_scatter(buf: np.ndarray, out: Optional[np.ndarray] = None, *, op: str
         if array.size == 0:
             return out
         target = lib.scratch(result.size, result.dtype, _ALIASED) if aliased else result
+        reduction = lib.reductions[name]
         # chosen once the ranks are known to agree: the first choice on a communicator may set up
         # its window or direct reads, collectively
-        runs = registry.choose(lib, array.nbytes) if algorithm == "auto" else algorithm
-        registry.ALGORITHMS[runs](lib, array, target, lib.reductions[name])
+        tuner = online.tuner_for(lib, SPEC) if algorithm == "auto" else None
+        if tuner is not None:
+            tuner.call(lib, array.nbytes, array, target, reduction)
+        else:
+            runs = registry.choose(lib, array.nbytes) if algorithm == "auto" else algorithm
+            registry.ALGORITHMS[runs](lib, array, target, reduction)
         if aliased:
             result[:] = target
         elif (given is not None and keeps(lib, comm, check, stall_timeout) and type(buf) is np.ndarray
               and buf.ndim == 1 and type(out) is np.ndarray and out.ndim == 1):
-            _LAST[0] = Again(lib, buf, out, (op, algorithm), _kept(lib, runs, array, lib.reductions[name]), what)
+            kept = tuned(lib, tuner, array.nbytes, lambda name: _kept(lib, name, array, reduction)) \
+                if tuner is not None else _kept(lib, runs, array, reduction)
+            _LAST[0] = Again(lib, buf, out, (op, algorithm), kept, what)
     return out
+
+
+#: ``auto``'s online tuning (``online.py``) for reduce-scatter.
+SPEC = online.Spec(CALLER, registry.ALGORITHMS, registry.CANDIDATES, table=registry.choose)
 
 
 def _kept(lib, runs: str, buf: np.ndarray, reduction):

@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 from allreduce_kit import ALGORITHMS, allreduce, config, library_comm, online, selection
 from conftest import assert_quiet
@@ -270,3 +271,82 @@ def test_a_saved_online_result_is_read_back_by_the_next_communicator(comm, tmp_p
     finally:
         fresh.Free()
     assert_quiet(comm)
+
+
+# -- online tuning of reduce_scatter, allgather and broadcast -----------------------------------
+def _collective_call(name: str, comm, nbytes: int, seed: int, arrays=None):
+    """(call, arrays, expected): collective ``name`` on ``nbytes`` of float32 small integers
+    (input ``seed``), the arrays it takes (input, output) and the result it must leave in the
+    output; ``arrays`` given: reused, on ``COMM_WORLD`` with ``comm`` not given (so that the
+    call repeated on the same arrays takes the short path)."""
+    from allreduce_kit import allgather, broadcast, reduce_scatter, shard_bounds
+    p, rank, n = comm.Get_size(), comm.Get_rank(), max(1, nbytes // 4)
+    inputs = [integer_input(4 * n, r, seed) for r in range(p)]
+    bounds = shard_bounds(n, p)
+    lo, hi = bounds[rank], bounds[rank + 1]
+    where = None if arrays is not None else comm
+    if name == "reduce_scatter":
+        buf, out = arrays or (np.empty(n, np.float32), np.empty(hi - lo, np.float32))
+        buf[:] = inputs[rank]
+        return lambda: reduce_scatter(buf, out, comm=where), (buf, out), sum(inputs)[lo:hi]
+    if name == "allgather":
+        block, out = arrays or (np.empty(hi - lo, np.float32), np.empty(n, np.float32))
+        block[:] = inputs[rank][lo:hi]
+        whole = np.concatenate([inputs[r][bounds[r]:bounds[r + 1]] for r in range(p)])
+        return lambda: allgather(block, out, comm=where), (block, out), whole
+    buf = arrays[0] if arrays else np.empty(n, np.float32)
+    buf[:] = inputs[rank]
+    return lambda: broadcast(buf, root=0, comm=where), (buf, buf), inputs[0]
+
+
+def _collective_spec(name: str):
+    from allreduce_kit.collectives import allgather, broadcast, reduce_scatter
+    return {"reduce_scatter": reduce_scatter, "allgather": allgather, "broadcast": broadcast}[name].SPEC
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("name", ["reduce_scatter", "allgather", "broadcast"])
+def test_reduce_scatter_allgather_and_broadcast_auto_tune_online_as_allreduce_does(comm, online_on, monkeypatch, name):
+    """``auto`` times its collective's candidates on the first calls of a size class, the same on
+    every rank, every call's result right; then every rank runs the agreed winner, also on the
+    short path of a call repeated on the same arrays."""
+    lib = library_comm(comm)
+    spec = _collective_spec(name)
+    ran = []
+    for algorithm, fn in list(spec.algorithms.items()):
+        def run(*args, algorithm=algorithm, fn=fn):
+            ran.append(algorithm)
+            fn(*args)
+        monkeypatch.setitem(spec.algorithms, algorithm, run)
+    for nbytes in EXPLORED_SIZES:
+        prior = spec.table(lib, nbytes)
+        tuner = online.tuner_for(lib, spec)
+        candidates, _ = online.candidates_for(nbytes, prior, tuner.direct, spec=spec)
+        assert len(candidates) >= 2 and candidates[0] == prior
+        del ran[:]
+        calls = 0
+        while calls == 0 or online.exploring(lib, nbytes, spec):
+            call, arrays, expected = _collective_call(name, comm, nbytes, calls)
+            call()
+            assert np.array_equal(arrays[1], expected), f"call {calls} at {nbytes} B ({ran[-1]}) is wrong"
+            calls += 1
+            assert calls <= online.exploration_calls(nbytes, prior, online.MAX_EXTENSIONS, tuner.direct, spec)
+        assert sorted(set(ran)) == sorted(candidates), ran
+        report = online.report(lib, nbytes, spec)
+        assert report["exploration_calls"] == calls and report["algorithm"] in candidates
+        call, arrays, expected = _collective_call(name, comm, nbytes, calls)
+        call()
+        assert ran[-1] == report["algorithm"] and np.array_equal(arrays[1], expected)
+        everyone = comm.allgather((ran, report))
+        assert all(other == (ran, report) for other in everyone), "ranks ran different algorithms or agreed on different figures"
+    assert_quiet(comm)
+    if comm.Get_size() == MPI.COMM_WORLD.Get_size():
+        # the same arrays again and again on COMM_WORLD (the short path), exploring or settled
+        world = MPI.COMM_WORLD
+        _, held, _ = _collective_call(name, world, 96 << 10, 0)
+        for seed in range(60):
+            call, arrays, expected = _collective_call(name, world, 96 << 10, seed, held)
+            call()
+            assert np.array_equal(arrays[1], expected), f"repeated call {seed} ({ran[-1]}) is wrong"
+        assert all(world.allgather(ran[-60:])[0] == r for r in world.allgather(ran[-60:]))
+        assert_quiet(world)

@@ -63,6 +63,17 @@ SMALL = 64 << 10
 register = registrar(ALGORITHMS)
 
 
+#: Online tuning's short lists on one node (``online.Spec``): ``(from bytes, candidates, calls
+#: per timed turn)``, tried beside the table's choice; across nodes the table's choice runs.
+#: ``shared_memory`` goes in rounds of a window slot, so it is not tried from 1 MiB.
+CANDIDATES = (
+    (0, ("shared_memory", "recursive_doubling"), 8),
+    (16 << 10, ("shared_memory", "pairwise", "recursive_doubling"), 4),
+    (64 << 10, ("shared_memory", "pairwise", "recursive_doubling"), 3),
+    (1 << 20, ("pairwise", "ring"), 1),
+)
+
+
 def choose(comm: LibraryComm, nbytes: int) -> str:
     """``auto``'s algorithm for an ``out`` of ``nbytes`` on ``comm`` (the same on every rank)."""
     if not comm.layout.single_node and nbytes >= multinode.crossover(comm.layout):
