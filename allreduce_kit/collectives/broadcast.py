@@ -13,8 +13,8 @@ from .. import online
 from ..comm import library_comm
 from ..progress import IN_FLIGHT
 from ..trace.recorder import ACTIVE as _TRACING
-from .common import (Again, agree_unchecked, algorithm_name, checking_locally, comm_shape, input_array, keeps,
-                     rank_argument, settle, stall_argument, tuned, watched)
+from .common import (Again, Tuning, agree_unchecked, algorithm_name, checking_locally, comm_shape, input_array,
+                     keeps, rank_argument, settle, stall_argument, watched)
 
 _COMM_WORLD = MPI.COMM_WORLD
 CALLER = "broadcast"
@@ -94,8 +94,8 @@ def broadcast(buf: np.ndarray, root: int = 0, *, algorithm: str = "auto", comm: 
                 registry.ALGORITHMS[name](lib, array, root)
             tuner.run(lib, tuner.class_for(array.nbytes), runner)
             if keeps(lib, comm, check, stall_timeout) and type(buf) is np.ndarray and buf.ndim == 1:
-                kept = tuned(lib, tuner, array.nbytes, lambda name: _kept(lib, name, array.dtype, root, fields))
-                _LAST[0] = Again(lib, buf, None, (algorithm, root), kept, what)
+                _LAST[0] = Again(lib, buf, None, (algorithm, root), None, what,
+                                 Tuning(lib, tuner, array.nbytes, lambda name: _kept(lib, name, array.dtype, root, fields)))
             return buf
         runs = registry.choose(lib, array.nbytes) if algorithm == "auto" else algorithm
         if not checked and not _finds_differences(lib, runs):

@@ -191,21 +191,31 @@ class Again:
     the call's algorithm with everything else bound; the stall inspector is told of it as the
     full path would, with the description made there."""
 
-    __slots__ = ("first", "second", "shapes", "dtype", "key", "run", "watched")
+    __slots__ = ("first", "second", "shapes", "dtype", "key", "run", "watched", "tuning", "left")
 
-    def __init__(self, lib: LibraryComm, first: np.ndarray, second: Optional[np.ndarray], key, run, what: str):
+    def __init__(self, lib: LibraryComm, first: np.ndarray, second: Optional[np.ndarray], key, run, what: str,
+                 tuning: Optional["Tuning"] = None):
         self.first = weakref.ref(first)
         self.second = weakref.ref(second) if second is not None else _none
         self.shapes = (first.shape, None if second is None else second.shape)
         self.dtype, self.key, self.run = first.dtype, key, run
         self.watched = (lib.watch, None, what, None)
+        #: an ``auto`` call online tuning runs (``Tuning``): ``run`` is its settled winner's call,
+        #: taken for the ``left`` quiet calls the size class lent this call; then the tuner's turn
+        self.tuning, self.left = tuning, 0
 
     def __call__(self, first: np.ndarray, second: Optional[np.ndarray]) -> None:
         watched = self.watched
         watched[0].calls += 1
         INSPECTOR.current = watched
         try:
-            self.run(first, second)
+            if self.tuning is None:
+                self.run(first, second)
+            elif self.left:
+                self.left -= 1
+                self.run(first, second)
+            else:
+                self.run, self.left = self.tuning.turn(first, second)
         finally:
             INSPECTOR.current = None
 
@@ -220,24 +230,32 @@ def keeps(lib: LibraryComm, comm, check: Optional[bool], stall_timeout) -> bool:
             and not lib.check_default and bool(_world) and lib is _world[0])
 
 
-def tuned(lib: LibraryComm, tuner, nbytes: int, bind: Callable[[str], Callable]) -> Callable:
-    """What ``Again`` repeats of an ``auto`` call that online tuning runs (``online.Tuner``):
-    while the call's size class is settled and between its checks, the winner's own call
-    (``bind(name)``: ``run(first, second)``), counting those calls down as the tuner does;
-    otherwise the tuner's turn (exploring, or timing the winner for a check)."""
-    c = tuner.class_for(nbytes)
-    bound: Dict[str, Callable] = {}
+class Tuning:
+    """An ``auto`` call that online tuning runs (``online.Tuner``), as ``Again`` repeats it:
+    ``bind(name)`` is algorithm ``name``'s call ``run(first, second)`` on the kept arrays."""
 
-    def of(name: str) -> Callable:
-        fn = bound.get(name)
+    __slots__ = ("lib", "tuner", "size_class", "bind", "bound")
+
+    def __init__(self, lib: LibraryComm, tuner, nbytes: int, bind: Callable[[str], Callable]):
+        self.lib, self.tuner, self.bind = lib, tuner, bind
+        self.size_class = tuner.class_for(nbytes)
+        self.bound: Dict[str, Callable] = {}
+
+    def _of(self, name: str) -> Callable:
+        fn = self.bound.get(name)
         if fn is None:
-            fn = bound[name] = bind(name)
+            fn = self.bound[name] = self.bind(name)
         return fn
 
-    def run(first, second) -> None:
-        if c.quiet:
-            c.quiet -= 1
-            of(c.winner)(first, second)
-        else:
-            tuner.run(lib, c, lambda name: of(name)(first, second))
-    return run
+    def turn(self, first, second) -> Tuple[Callable, int]:
+        """One call as the tuner runs it (the winner while the class is quiet; exploring, or the
+        winner timed for a check, otherwise); then the winner's call and the quiet calls left,
+        which the repeated call takes over from the class and counts down itself (a call made
+        the full way meanwhile finds none, and the tuner's window and check come sooner: the
+        same on every rank, as calls are collective)."""
+        c = self.size_class
+        self.tuner.run(self.lib, c, lambda name: self._of(name)(first, second))
+        if c.winner is None or not c.quiet:
+            return _none, 0
+        left, c.quiet = c.quiet, 0
+        return self._of(c.winner), left

@@ -13,8 +13,8 @@ from .. import online
 from ..comm import library_comm
 from ..progress import IN_FLIGHT
 from ..trace.recorder import ACTIVE as _TRACING
-from .common import (Again, algorithm_name, checking_locally, comm_shape, input_array, keeps, output_array,
-                     settle, stall_argument, tuned, watched)
+from .common import (Again, Tuning, algorithm_name, checking_locally, comm_shape, input_array, keeps,
+                     output_array, settle, stall_argument, watched)
 
 _COMM_WORLD = MPI.COMM_WORLD
 CALLER = "reduce_scatter"
@@ -115,9 +115,11 @@ def reduce_scatter(buf: np.ndarray, out: Optional[np.ndarray] = None, *, op: str
             result[:] = target
         elif (given is not None and keeps(lib, comm, check, stall_timeout) and type(buf) is np.ndarray
               and buf.ndim == 1 and type(out) is np.ndarray and out.ndim == 1):
-            kept = tuned(lib, tuner, array.nbytes, lambda name: _kept(lib, name, array, reduction)) \
-                if tuner is not None else _kept(lib, runs, array, reduction)
-            _LAST[0] = Again(lib, buf, out, (op, algorithm), kept, what)
+            if tuner is not None:
+                _LAST[0] = Again(lib, buf, out, (op, algorithm), None, what,
+                                 Tuning(lib, tuner, array.nbytes, lambda name: _kept(lib, name, array, reduction)))
+            else:
+                _LAST[0] = Again(lib, buf, out, (op, algorithm), _kept(lib, runs, array, reduction), what)
     return out
 
 
