@@ -14,6 +14,7 @@ The ``mpi`` row is mpi4py's call made directly (``Reduce_scatter_block``/``Reduc
 ``#wrong`` counts the elements (summed over ranks) that differ from MPI's result; inputs are
 small integers, so every order of folding gives the same exact result.
 """
+from time import perf_counter
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -24,7 +25,7 @@ from ..algorithms.mpi import MPI_OPS
 from ..blocks import block, counts
 from ..comm import library_comm
 from .sweep import Row, local_input
-from .timing import time_calls
+from .timing import batch_for, time_calls
 
 COLLECTIVES = ("reduce_scatter", "allgather", "broadcast")
 
@@ -116,6 +117,29 @@ class Case:
         return int(np.count_nonzero(self.result != self.expected))
 
 
+def explore(case: Case, comm: MPI.Intracomm, lib, size: int, call: Callable[[], object], batch: int) -> int:
+    """Run ``auto``'s exploring calls at ``size`` (online tuning) until it settles, as the timed
+    samples (``timing.time_calls``) will run its choice: in runs of a sample's calls between two
+    barriers, each run on a restored input and checked after it (a collective's output is the
+    same after every call of a run). Returns the elements this rank's checks found wrong."""
+    tuned, wrong = spec(case.collective), 0
+    run = batch if batch > 0 else 1         # the first run, one call, sets the pace
+    while online.exploring(lib, size, tuned):
+        case.restore()
+        comm.Barrier()
+        for _ in range(run):
+            start = perf_counter()
+            call()
+            took = perf_counter() - start
+            if not online.exploring(lib, size, tuned):
+                break
+        comm.Barrier()
+        wrong += case.wrong()
+        if batch <= 0 and run == 1:
+            run = batch_for(comm.allreduce(took, op=MPI.MAX))
+    return wrong
+
+
 def sweep(collective: str, comm: MPI.Intracomm, sizes: Sequence[int], dtype: np.dtype, op: str, root: int,
           algorithms: Sequence[str], samples: int, warmup: int, batch: int = 0,
           on_row: Optional[Callable[[Row], None]] = None) -> List[Row]:
@@ -134,11 +158,8 @@ def sweep(collective: str, comm: MPI.Intracomm, sizes: Sequence[int], dtype: np.
             case.restore()
             call()  # the first call compiles or loads kernels and allocates scratch: untimed
             bad = case.wrong()
-            # auto's exploring calls (online tuning), each checked, before it is timed
-            while name == "auto" and p > 1 and online.exploring(lib, size, spec(collective)):
-                case.restore()
-                call()
-                bad += case.wrong()
+            if name == "auto" and p > 1:  # auto's exploration ends before its warm-up
+                bad += explore(case, comm, lib, size, call, batch)
             wrong.append(bad)
         wrong = comm.allreduce(np.array(wrong), op=MPI.SUM).tolist()
         times, batches = time_calls(timed, case.restore, comm, samples, warmup, batch)

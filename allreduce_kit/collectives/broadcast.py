@@ -117,7 +117,7 @@ def _kept(lib, runs: str, dtype, root: int, fields: Optional[list] = None):
     first (``fields``): ``None`` without them (the full path then)."""
     fast = shared_memory.binding(lib, dtype, root) if runs == "shared_memory" else None
     if fast is not None:
-        return lambda buf, _: fast(buf)
+        return fast
     algorithm = registry.ALGORITHMS[runs]
     if not _finds_differences(lib, runs):
         if fields is None:

@@ -209,10 +209,10 @@ class Again:
         watched[0].calls += 1
         INSPECTOR.current = watched
         try:
-            if self.tuning is None:
-                self.run(first, second)
-            elif self.left:
+            if self.left:
                 self.left -= 1
+                self.run(first, second)
+            elif self.tuning is None:
                 self.run(first, second)
             else:
                 self.run, self.left = self.tuning.turn(first, second)

@@ -72,17 +72,18 @@ def _broadcast_at(buf, root, state_address):
 _ENTRIES: dict = {}
 
 
-def binding(comm, dtype, root: int) -> Optional[Callable[[np.ndarray], None]]:
+def binding(comm, dtype, root: int) -> Optional[Callable[..., None]]:
     """``broadcast(comm, buf, root)`` for a ``buf`` of ``dtype``, with the window and ``root``
     bound, straight into a compiled entry point (a call that repeats,
-    ``collectives.common.Again``); ``None`` where there is no window."""
+    ``collectives.common.Again``, which passes a second argument, not used); ``None`` where there
+    is no window."""
     window = comm.state.get(shared_memory.Window)
     if window is None:
         return None
     address = window.state.ctypes.data
     kernel = shared_memory.entry(_broadcast_at, np.dtype(dtype), (types.int64, types.int64), _ENTRIES)
 
-    def run(buf: np.ndarray) -> None:
+    def run(buf: np.ndarray, _: object = None) -> None:
         if kernel(buf, root, address) != 0:
             raise mismatch(comm, buf, "shared_memory", "broadcast", _fields(buf, root))
     return run
