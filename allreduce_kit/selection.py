@@ -136,7 +136,8 @@ def load(path: Optional[str] = None) -> Tuple[Table, str]:
     """The table ``auto`` uses and where it came from (a path, or ``builtin``).
 
     ``path`` overrides the environment; a named file that is missing or malformed raises
-    ``ValueError`` (the default file is used only if it exists).
+    ``ValueError`` (the default file is used only if it exists), except a missing file that online
+    tuning is to write (``ALLREDUCE_KIT_ONLINE_TUNING=save``): the built-in table until it is.
     """
     chosen = path or config.read(config.TUNING)
     if chosen == "builtin":
@@ -149,6 +150,10 @@ def load(path: Optional[str] = None) -> Tuple[Table, str]:
     try:
         with open(chosen, encoding="utf-8") as handle:
             payload = json.load(handle)
+    except FileNotFoundError as error:
+        if not path and config.read(config.ONLINE_TUNING) == "save":
+            return Table(BUILTIN), "builtin"          # online tuning writes the file (online.save)
+        raise ValueError(f"tuning file {chosen} (from ${ENV}): {error.strerror}") from None
     except OSError as error:
         raise ValueError(f"tuning file {chosen} (from {'$' + ENV if not path else 'the caller'}): {error.strerror}") from None
     except json.JSONDecodeError as error:

@@ -170,6 +170,14 @@ def test_a_named_file_that_is_missing_raises_naming_it_and_the_variable(tmp_path
         selection.load()
 
 
+def test_a_missing_file_that_online_tuning_is_to_write_starts_from_the_builtin_table(tmp_path, monkeypatch):
+    monkeypatch.setenv(selection.ENV, str(tmp_path / "new.json"))
+    monkeypatch.setenv(config.ONLINE_TUNING.name, "save")
+    assert selection.load() == (selection.BUILTIN, "builtin")
+    online.save(str(tmp_path / "new.json"), "2/1", 64, {"algorithm": "shared_memory"})   # then written
+    assert selection.load()[0].online == {"2/1": {"64": {"algorithm": "shared_memory"}}}
+
+
 @pytest.mark.parametrize("where", ["environment", "default file"])
 def test_a_malformed_file_raises_wherever_it_was_found(tmp_path, monkeypatch, where):
     """A broken default file is not skipped in favour of the built-in table: the user wrote it."""

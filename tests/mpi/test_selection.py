@@ -350,3 +350,36 @@ def test_reduce_scatter_allgather_and_broadcast_auto_tune_online_as_allreduce_do
             assert np.array_equal(arrays[1], expected), f"repeated call {seed} ({ran[-1]}) is wrong"
         assert all(world.allgather(ran[-60:])[0] == r for r in world.allgather(ran[-60:]))
         assert_quiet(world)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_collectives_saved_result_is_read_back_under_its_name_from_a_file_not_yet_written(
+        comm, tmp_path_factory, monkeypatch):
+    """``save`` with a tuning file that does not exist yet: reduce-scatter explores, rank 0 writes
+    the file with the result under ``"reduce_scatter <ranks>/<nodes>"``; a new communicator starts
+    with that class settled on the saved winner."""
+    path = os.path.join(shared_dir(comm, tmp_path_factory), "new-tuning.json")
+    monkeypatch.setenv(selection.ENV, path)
+    monkeypatch.setenv(config.ONLINE_TUNING.name, "save")
+    spec = _collective_spec("reduce_scatter")
+    lib = library_comm(comm)
+    nbytes = 3000
+    calls = 0
+    while calls == 0 or online.exploring(lib, nbytes, spec):
+        call, arrays, expected = _collective_call("reduce_scatter", comm, nbytes, calls)
+        call()
+        assert np.array_equal(arrays[1], expected)
+        calls += 1
+    report = online.report(lib, nbytes, spec)
+    comm.Barrier()
+    entry = json.load(open(path))["online"][f"reduce_scatter {comm.Get_size()}/{lib.layout.nodes}"]["2048"]
+    assert entry["algorithm"] == report["algorithm"] and entry["sizes"] == [2048, 4095]
+    fresh = comm.Dup()
+    try:
+        tuner = online.tuner_for(library_comm(fresh), spec)
+        assert not online.exploring(library_comm(fresh), 2500, spec), "the saved class explored again"
+        assert tuner.class_for(2500).winner == entry["algorithm"]
+        assert online.exploring(library_comm(fresh), 2500), "allreduce's own class is not the saved one"
+    finally:
+        fresh.Free()
+    assert_quiet(comm)
