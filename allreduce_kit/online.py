@@ -254,15 +254,6 @@ class Tuner:
         found = self.class_for(nbytes)
         return found.winner or self.auto.choose(nbytes)
 
-    def upcoming(self, nbytes: int) -> str:
-        """The algorithm the next call of ``nbytes`` runs (local, sends nothing)."""
-        c = self.class_for(nbytes)
-        if c.quiet or not c.exploring:
-            return c.winner
-        m = len(c.candidates)
-        rnd, slot = divmod(c.calls // c.block, m)
-        return c.candidates[(slot + rnd) % m]
-
     def call(self, lib, nbytes: int, *args) -> None:
         """Run one ``auto`` call of ``nbytes`` bytes on ``lib``, ``algorithm(lib, *args)`` (for
         allreduce: the buffer and the reduction): collective, as the algorithm is."""
