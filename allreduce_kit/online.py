@@ -417,15 +417,27 @@ class CollectiveTable:
         return self.fixed
 
 
-def _make_for(spec: Spec) -> Callable[[Any], Optional[Tuner]]:
-    def make(lib) -> Optional[Tuner]:
-        allreduce_tuner = tuner_for(lib)   # the settings, agreed once per communicator (collective)
-        if allreduce_tuner is None:
-            return None
-        saved = lib.state[selection.Auto].saved
-        return Tuner(lib, CollectiveTable(lib, spec, saved), allreduce_tuner.mode, allreduce_tuner.path,
-                     peers_for(lib) is not None, spec)
-    return make
+#: The collectives besides allreduce that tune online; each module defines its ``SPEC``.
+COLLECTIVES = ("reduce_scatter", "allgather", "broadcast")
+
+
+def spec_of(name: str) -> Spec:
+    """The ``Spec`` of collective ``name``: ``allreduce`` or one of ``COLLECTIVES``."""
+    if name == ALLREDUCE.name:
+        return ALLREDUCE
+    if name not in COLLECTIVES:
+        raise KeyError(f"no online tuning for {name!r}: one of allreduce, {', '.join(COLLECTIVES)}")
+    from importlib import import_module
+    return import_module(f"{__package__}.collectives.{name}").SPEC
+
+
+def _make_for(lib, spec: Spec) -> Optional[Tuner]:
+    allreduce_tuner = tuner_for(lib)   # the settings, agreed once per communicator (collective)
+    if allreduce_tuner is None:
+        return None
+    saved = lib.state[selection.Auto].saved
+    return Tuner(lib, CollectiveTable(lib, spec, saved), allreduce_tuner.mode, allreduce_tuner.path,
+                 peers_for(lib) is not None, spec)
 
 
 def tuner_for(lib, spec: Spec = ALLREDUCE) -> Optional[Tuner]:
@@ -433,7 +445,10 @@ def tuner_for(lib, spec: Spec = ALLREDUCE) -> Optional[Tuner]:
     then); ``None`` if online tuning is off."""
     if spec is ALLREDUCE:
         return lib.attach(Tuner, _make)
-    return lib.attach(("online", spec.name), _make_for(spec))  # type: ignore[arg-type]
+    key = ("online", spec.name)
+    if key in lib.state:
+        return lib.state[key]
+    return lib.attach(key, lambda lib: _make_for(lib, spec))  # type: ignore[arg-type]
 
 
 def exploring(lib, nbytes: int, spec: Spec = ALLREDUCE) -> bool:

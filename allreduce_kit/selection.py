@@ -122,14 +122,12 @@ def _registry_of(layout: str, source: str) -> Dict[str, Any]:
     the collective's for ``"<collective> <ranks>/<nodes>"``."""
     if " " not in layout:
         return ALGORITHMS
-    from .algorithms import allgather, broadcast, reduce_scatter
-    registries = {"reduce_scatter": reduce_scatter.ALGORITHMS, "allgather": allgather.ALGORITHMS,
-                  "broadcast": broadcast.ALGORITHMS}
+    from .online import COLLECTIVES, spec_of
     name = layout.split(" ", 1)[0]
-    if name not in registries:
+    if name not in COLLECTIVES:
         raise ValueError(f"{source}: online layout {layout!r} names no collective online tuning keeps "
-                         f"({', '.join(registries)})")
-    return registries[name]
+                         f"({', '.join(COLLECTIVES)})")
+    return spec_of(name).algorithms
 
 
 def load(path: Optional[str] = None) -> Tuple[Table, str]:
@@ -150,11 +148,9 @@ def load(path: Optional[str] = None) -> Tuple[Table, str]:
     try:
         with open(chosen, encoding="utf-8") as handle:
             payload = json.load(handle)
-    except FileNotFoundError as error:
-        if not path and config.read(config.ONLINE_TUNING) == "save":
-            return Table(BUILTIN), "builtin"          # online tuning writes the file (online.save)
-        raise ValueError(f"tuning file {chosen} (from ${ENV}): {error.strerror}") from None
     except OSError as error:
+        if isinstance(error, FileNotFoundError) and not path and config.read(config.ONLINE_TUNING) == "save":
+            return Table(BUILTIN), "builtin"          # online tuning writes the file (online.save)
         raise ValueError(f"tuning file {chosen} (from {'$' + ENV if not path else 'the caller'}): {error.strerror}") from None
     except json.JSONDecodeError as error:
         raise ValueError(f"tuning file {chosen}: not JSON ({error})") from None

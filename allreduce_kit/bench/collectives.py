@@ -27,14 +27,12 @@ from ..comm import library_comm
 from .sweep import Row, local_input
 from .timing import batch_for, time_calls
 
-COLLECTIVES = ("reduce_scatter", "allgather", "broadcast")
+COLLECTIVES = online.COLLECTIVES
 
 
 def registry(collective: str) -> dict:
     """The collective's ``ALGORITHMS``."""
-    from ..algorithms import allgather, broadcast, reduce_scatter
-
-    return {"reduce_scatter": reduce_scatter, "allgather": allgather, "broadcast": broadcast}[collective].ALGORITHMS
+    return online.spec_of(collective).algorithms
 
 
 def available(collective: str) -> List[str]:
@@ -47,16 +45,9 @@ def bus_factor(collective: str, p: int) -> float:
     return 1.0 if collective == "broadcast" else (p - 1) / p
 
 
-def spec(collective: str) -> online.Spec:
-    """The collective's online tuning (``online.Spec``): its registry and table."""
-    from ..collectives import allgather, broadcast, reduce_scatter
-
-    return {"reduce_scatter": reduce_scatter, "allgather": allgather, "broadcast": broadcast}[collective].SPEC
-
-
 def chosen(collective: str, lib, nbytes: int) -> str:
     """What ``auto`` runs at ``nbytes``: online tuning's winner, else the table's choice."""
-    tuned = spec(collective)
+    tuned = online.spec_of(collective)
     tuner = lib.state.get(("online", tuned.name))
     return tuner.choice(nbytes) if tuner is not None else tuned.table(lib, nbytes)
 
@@ -122,7 +113,7 @@ def explore(case: Case, comm: MPI.Intracomm, lib, size: int, call: Callable[[], 
     samples (``timing.time_calls``) will run its choice: in runs of a sample's calls between two
     barriers, each run on a restored input and checked after it (a collective's output is the
     same after every call of a run). Returns the elements this rank's checks found wrong."""
-    tuned, wrong = spec(case.collective), 0
+    tuned, wrong = online.spec_of(case.collective), 0
     run = batch if batch > 0 else 1         # the first run, one call, sets the pace
     while online.exploring(lib, size, tuned):
         case.restore()

@@ -13,8 +13,8 @@ from .. import online
 from ..comm import library_comm
 from ..progress import IN_FLIGHT
 from ..trace.recorder import ACTIVE as _TRACING
-from .common import (Again, Tuning, algorithm_name, checking_locally, comm_shape, counts_argument, input_array,
-                     keeps, output_array, settle, stall_argument, watched)
+from .common import (Again, algorithm_name, checking_locally, comm_shape, counts_argument, dispatch, input_array,
+                     keeps, output_array, repeated, settle, stall_argument, watched)
 
 _COMM_WORLD = MPI.COMM_WORLD
 CALLER = "allgather"
@@ -122,20 +122,13 @@ def allgather(block: np.ndarray, out: Optional[np.ndarray] = None, *, counts: Op
             slot[:] = mine
         if lib.nranks == 1 or result.size == 0:
             return out
-        tuner = online.tuner_for(lib, SPEC) if algorithm == "auto" else None
-        if tuner is not None:
-            tuner.call(lib, result.nbytes, result, bounds)
-        else:
-            runs = registry.choose(lib, result.nbytes) if algorithm == "auto" else algorithm
-            registry.ALGORITHMS[runs](lib, result, bounds)
+        tuner, runs = dispatch(lib, SPEC, algorithm, result.nbytes, result, bounds)
     if (counts is None and keeps(lib, comm, check, stall_timeout) and type(block) is np.ndarray and block.ndim == 1
             and type(out) is np.ndarray and out.ndim == 1):
         copies = slot.ctypes.data != mine.ctypes.data
-        if tuner is not None:
-            _LAST[0] = Again(lib, block, out, algorithm, None, what,
-                             Tuning(lib, tuner, result.nbytes, lambda name: _kept(lib, name, result.dtype, bounds, copies)))
-        else:
-            _LAST[0] = Again(lib, block, out, algorithm, _kept(lib, runs, result.dtype, bounds, copies), what)
+        run, tuning = repeated(lib, tuner, runs, result.nbytes,
+                               lambda name: _kept(lib, name, result.dtype, bounds, copies))
+        _LAST[0] = Again(lib, block, out, algorithm, run, what, tuning)
     return out
 
 

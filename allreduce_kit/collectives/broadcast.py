@@ -13,8 +13,8 @@ from .. import online
 from ..comm import library_comm
 from ..progress import IN_FLIGHT
 from ..trace.recorder import ACTIVE as _TRACING
-from .common import (Again, Tuning, agree_unchecked, algorithm_name, checking_locally, comm_shape, input_array,
-                     keeps, rank_argument, settle, stall_argument, watched)
+from .common import (Again, agree_unchecked, algorithm_name, checking_locally, comm_shape, input_array, keeps,
+                     rank_argument, repeated, settle, stall_argument, watched)
 
 _COMM_WORLD = MPI.COMM_WORLD
 CALLER = "broadcast"
@@ -83,28 +83,32 @@ def broadcast(buf: np.ndarray, root: int = 0, *, algorithm: str = "auto", comm: 
         if lib.nranks == 1:
             return buf
         checked = check or (check is None and lib.check_default)
-        fields = [("buf length", array.size), ("buf dtype", array.dtype.name), ("root", root), ("algorithm", algorithm)]
+        fields = [("buf length", array.size), ("buf dtype", array.dtype.name), ("root", root),
+                  ("algorithm", algorithm)]
+
+        def runner(name: str) -> None:
+            # by messages every call agrees first; the window and direct reads find differences themselves
+            if not checked and not _finds_differences(lib, name):
+                agree_unchecked(lib, CALLER, fields, "buf")
+            if array.size:
+                registry.ALGORITHMS[name](lib, array, root)
+
         # chosen once the ranks are known to agree: the first choice on a communicator may set up
         # its window or direct reads, collectively
         tuner = online.tuner_for(lib, SPEC) if algorithm == "auto" and array.size else None
+        runs = None
         if tuner is not None:
-            def runner(name: str) -> None:
-                if not checked and not _finds_differences(lib, name):
-                    agree_unchecked(lib, CALLER, fields, "buf")
-                registry.ALGORITHMS[name](lib, array, root)
             tuner.run(lib, tuner.class_for(array.nbytes), runner)
-            if keeps(lib, comm, check, stall_timeout) and type(buf) is np.ndarray and buf.ndim == 1:
-                _LAST[0] = Again(lib, buf, None, (algorithm, root), None, what,
-                                 Tuning(lib, tuner, array.nbytes, lambda name: _kept(lib, name, array.dtype, root, fields)))
-            return buf
-        runs = registry.choose(lib, array.nbytes) if algorithm == "auto" else algorithm
-        if not checked and not _finds_differences(lib, runs):
-            agree_unchecked(lib, CALLER, fields, "buf")
-        if array.size:
-            registry.ALGORITHMS[runs](lib, array, root)
-            kept = _kept(lib, runs, array.dtype, root) if keeps(lib, comm, check, stall_timeout) else None
-            if kept is not None and type(buf) is np.ndarray and buf.ndim == 1:
-                _LAST[0] = Again(lib, buf, None, (algorithm, root), kept, what)
+        else:
+            runs = registry.choose(lib, array.nbytes) if algorithm == "auto" else algorithm
+            runner(runs)
+        if array.size and keeps(lib, comm, check, stall_timeout) and type(buf) is np.ndarray and buf.ndim == 1:
+            # untuned, a call by messages is not kept (each goes the full way, agreeing first)
+            agreeing = fields if tuner is not None else None
+            run, tuning = repeated(lib, tuner, runs, array.nbytes,
+                                   lambda name: _kept(lib, name, array.dtype, root, agreeing))
+            if run is not None or tuning is not None:
+                _LAST[0] = Again(lib, buf, None, (algorithm, root), run, what, tuning)
     return buf
 
 

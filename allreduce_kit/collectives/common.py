@@ -230,6 +230,29 @@ def keeps(lib: LibraryComm, comm, check: Optional[bool], stall_timeout) -> bool:
             and not lib.check_default and bool(_world) and lib is _world[0])
 
 
+def dispatch(lib: LibraryComm, spec, algorithm: str, nbytes: int, *args) -> Tuple[Optional[object], Optional[str]]:
+    """Run ``spec``'s collective on ``lib`` as ``algorithm(lib, *args)``: the named algorithm, or for
+    ``auto`` online tuning's turn (``online.Tuner``) where it is on, else the table's choice.
+    Returns the tuner that ran it, or ``None`` and the algorithm that ran."""
+    from .. import online
+    tuner = online.tuner_for(lib, spec) if algorithm == "auto" else None
+    if tuner is not None:
+        tuner.call(lib, nbytes, *args)
+        return tuner, None
+    runs = spec.table(lib, nbytes) if algorithm == "auto" else algorithm
+    spec.algorithms[runs](lib, *args)
+    return None, runs
+
+
+def repeated(lib: LibraryComm, tuner, runs: Optional[str], nbytes: int,
+             bind: Callable[[str], Callable]) -> Tuple[Optional[Callable], Optional["Tuning"]]:
+    """``Again``'s ``run`` and ``tuning`` for a call ``dispatch`` ran: ``bind(name)`` is algorithm
+    ``name``'s call on the kept arrays."""
+    if tuner is not None:
+        return None, Tuning(lib, tuner, nbytes, bind)
+    return bind(runs), None
+
+
 class Tuning:
     """An ``auto`` call that online tuning runs (``online.Tuner``), as ``Again`` repeats it:
     ``bind(name)`` is algorithm ``name``'s call ``run(first, second)`` on the kept arrays."""

@@ -13,8 +13,8 @@ from .. import online
 from ..comm import library_comm
 from ..progress import IN_FLIGHT
 from ..trace.recorder import ACTIVE as _TRACING
-from .common import (Again, Tuning, algorithm_name, checking_locally, comm_shape, input_array, keeps,
-                     output_array, settle, stall_argument, watched)
+from .common import (Again, algorithm_name, checking_locally, comm_shape, dispatch, input_array, keeps,
+                     output_array, repeated, settle, stall_argument, watched)
 
 _COMM_WORLD = MPI.COMM_WORLD
 CALLER = "reduce_scatter"
@@ -105,21 +105,13 @@ def reduce_scatter(buf: np.ndarray, out: Optional[np.ndarray] = None, *, op: str
         reduction = lib.reductions[name]
         # chosen once the ranks are known to agree: the first choice on a communicator may set up
         # its window or direct reads, collectively
-        tuner = online.tuner_for(lib, SPEC) if algorithm == "auto" else None
-        if tuner is not None:
-            tuner.call(lib, array.nbytes, array, target, reduction)
-        else:
-            runs = registry.choose(lib, array.nbytes) if algorithm == "auto" else algorithm
-            registry.ALGORITHMS[runs](lib, array, target, reduction)
+        tuner, runs = dispatch(lib, SPEC, algorithm, array.nbytes, array, target, reduction)
         if aliased:
             result[:] = target
         elif (given is not None and keeps(lib, comm, check, stall_timeout) and type(buf) is np.ndarray
               and buf.ndim == 1 and type(out) is np.ndarray and out.ndim == 1):
-            if tuner is not None:
-                _LAST[0] = Again(lib, buf, out, (op, algorithm), None, what,
-                                 Tuning(lib, tuner, array.nbytes, lambda name: _kept(lib, name, array, reduction)))
-            else:
-                _LAST[0] = Again(lib, buf, out, (op, algorithm), _kept(lib, runs, array, reduction), what)
+            run, tuning = repeated(lib, tuner, runs, array.nbytes, lambda name: _kept(lib, name, array, reduction))
+            _LAST[0] = Again(lib, buf, out, (op, algorithm), run, what, tuning)
     return out
 
 

@@ -50,8 +50,6 @@ class StepStats:
         self.peak_live = 0
         self.forward = 0.0           # seconds in forwards (the loss's too, at the last stage)
         self.backward = 0.0
-        self.forwards = 0            # forwards run (of one virtual stage, one micro-batch)
-        self.backwards = 0
 
     @property
     def idle_share(self) -> float:
@@ -70,6 +68,8 @@ class Runtime:
         self.peers = list(peers)
         self.pipeline_ranks = len(self.peers)
         self.actions = list(actions)
+        #: forwards (and as many backwards) in a step: of one micro-batch through one virtual stage
+        self.forwards_per_step = sum(a.kind == "F" for a in self.actions)
         self.layers = layers
         self.total_stages = total_stages
         self.micro_batches = micro_batches
@@ -189,8 +189,6 @@ class Runtime:
         s.peak_live = max(s.peak_live, peak)
         s.forward += forward
         s.backward += backward
-        s.forwards += sum(a.kind == "F" for a in self.actions)
-        s.backwards += sum(a.kind == "B" for a in self.actions)
         return loss, correct
 
     def forward_only(self, x: Optional[np.ndarray], rows: int) -> Optional[np.ndarray]:

@@ -158,15 +158,17 @@ class Timeline:
 
 
 def simulate(lists: List[List[Action]], forward_cost: float = 1.0, backward_cost: float = 2.0,
-             latency: float = 0.0, stage_costs: Optional[Dict[int, Union[float, Tuple[float, float]]]] = None) -> Timeline:
+             latency: float = 0.0,
+             stage_costs: Optional[Dict[int, Union[float, Tuple[float, float]]]] = None) -> Timeline:
     """Run every rank's list as the runtime does and time it.
 
     An action starts once its rank is free and its input has arrived (``latency`` after the
     neighbour finished); a backward runs after its own forward. ``stage_costs`` scales a virtual
     stage's costs (default 1 each); a pair (forward, backward) gives its two costs instead
-    (``forward_cost`` and ``backward_cost`` are then not used for it). Checks the lists first: every (micro-batch, stage) forward and
-    backward exactly once, each on the rank that holds the stage, the backward after the forward;
-    raises ``ValueError`` otherwise and ``DeadlockError`` if the lists cannot all finish."""
+    (``forward_cost`` and ``backward_cost`` are then not used for it). Checks the lists first:
+    every (micro-batch, stage) forward and backward exactly once, each on the rank that holds the
+    stage, the backward after the forward; raises ``ValueError`` otherwise and ``DeadlockError``
+    if the lists cannot all finish."""
     S = len(lists)
     stages = 1 + max((a.stage for rank in lists for a in rank), default=-1)
     seen: Dict[Action, int] = {}

@@ -319,7 +319,8 @@ class PipelineTrainer:
         time it waited for messages over its own span."""
         s = self.runtime.stats
         mine = (self.stage, self.replica, s.idle, s.span, s.peak_live)
-        costs = (s.forward / max(s.forwards, 1), s.backward / max(s.backwards, 1))
+        actions = max(s.steps * self.runtime.forwards_per_step, 1)
+        costs = (s.forward / actions, s.backward / actions)
         gathered, measured = (list(part) for part in zip(*self.comm.allgather((mine, costs))))
         S = self.settings.stages
         makespan = {r: max(span for _, rep, _, span, _ in gathered if rep == r) for r in range(self.replicas)}

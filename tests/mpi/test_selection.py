@@ -299,11 +299,6 @@ def _collective_call(name: str, comm, nbytes: int, seed: int, arrays=None):
     return lambda: broadcast(buf, root=0, comm=where), (buf, buf), inputs[0]
 
 
-def _collective_spec(name: str):
-    from allreduce_kit.collectives import allgather, broadcast, reduce_scatter
-    return {"reduce_scatter": reduce_scatter, "allgather": allgather, "broadcast": broadcast}[name].SPEC
-
-
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("name", ["reduce_scatter", "allgather", "broadcast"])
 def test_reduce_scatter_allgather_and_broadcast_auto_tune_online_as_allreduce_does(comm, online_on, monkeypatch, name):
@@ -311,7 +306,7 @@ def test_reduce_scatter_allgather_and_broadcast_auto_tune_online_as_allreduce_do
     every rank, every call's result right; then every rank runs the agreed winner, also on the
     short path of a call repeated on the same arrays."""
     lib = library_comm(comm)
-    spec = _collective_spec(name)
+    spec = online.spec_of(name)
     ran = []
     for algorithm, fn in list(spec.algorithms.items()):
         def run(*args, algorithm=algorithm, fn=fn):
@@ -361,7 +356,7 @@ def test_a_collectives_saved_result_is_read_back_under_its_name_from_a_file_not_
     path = os.path.join(shared_dir(comm, tmp_path_factory), "new-tuning.json")
     monkeypatch.setenv(selection.ENV, path)
     monkeypatch.setenv(config.ONLINE_TUNING.name, "save")
-    spec = _collective_spec("reduce_scatter")
+    spec = online.spec_of("reduce_scatter")
     lib = library_comm(comm)
     nbytes = 3000
     calls = 0
