@@ -1,7 +1,7 @@
 """``allreduce``: validate locally, optionally agree across ranks, then run one algorithm."""
 import weakref
 from threading import get_ident as _ident
-from typing import Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -85,11 +85,15 @@ def validate(buf, op, algorithm: str, caller: str = "allreduce"):
     return array, name
 
 
-def validate_compression(buf: np.ndarray, op: str, algorithm: str, compression, caller: str = "allreduce") -> None:
+def validate_compression(buf: np.ndarray, op: str, algorithm: str, compression, caller: str = "allreduce",
+                         algorithms: Optional[Dict[str, Any]] = None) -> None:
     """Raise ``TypeError``/``ValueError`` naming the argument if ``compression`` cannot apply to a
     call that ``validate`` accepted: an unknown name; a 16-bit wire for a buffer other than
     float32 (float64 and integers are refused: rounding them to 16 bits would throw away what
-    their type is for), for ``op="prod"``, or with an algorithm that cannot compress. Sends nothing."""
+    their type is for), for ``op="prod"``, or with an algorithm that cannot compress (one not in
+    ``algorithms``, default allreduce's ``compression.COMPRESSED``). Sends nothing."""
+    if algorithms is None:
+        algorithms = _compression.COMPRESSED
     if not isinstance(compression, str) or compression not in _compression.COMPRESSIONS:
         raise ValueError(f"{caller}: unknown compression {compression!r}; choose one of "
                          f"{', '.join(_compression.COMPRESSIONS)}")
@@ -101,9 +105,9 @@ def validate_compression(buf: np.ndarray, op: str, algorithm: str, compression, 
     if op not in _compression.OPS:
         raise ValueError(f"{caller}: compression={compression!r} does not support op={op!r}; "
                          f"choose op from {', '.join(_compression.OPS)}, or compression='none'")
-    if algorithm != "auto" and algorithm not in _compression.COMPRESSED:
+    if algorithm != "auto" and algorithm not in algorithms:
         raise ValueError(f"{caller}: algorithm {algorithm!r} does not support compression={compression!r}; "
-                         f"choose 'auto' or one of {', '.join(_compression.COMPRESSED)}")
+                         f"choose 'auto' or one of {', '.join(algorithms)}")
 
 
 def _signature(buf, op: str, algorithm: str, error: Optional[Exception], compression: str = "none") -> np.ndarray:

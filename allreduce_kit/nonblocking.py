@@ -29,7 +29,8 @@ from mpi4py import MPI
 
 from . import config
 from .algorithms.spin import yielding
-from .collective import allreduce, validate
+from .collective import allreduce, validate, validate_compression
+from .compression import REDUCE_SCATTER
 from .collectives import allgather as _allgather
 from .collectives import broadcast as _broadcast
 from .collectives import reduce_scatter as _reduce_scatter
@@ -136,10 +137,11 @@ def begin(checks: Callable[..., Any], collective: Callable[..., Any], *args: Any
     return start(collective, *args, **kwargs)
 
 
-def _allreduce_checks(buf, *, op, algorithm: str, comm, check, stall_timeout) -> None:
+def _allreduce_checks(buf, *, op, algorithm: str, comm, check, stall_timeout, compression="none") -> None:
     """What ``allreduce`` checks on the calling rank, under ``iallreduce``'s name; and the
     library's communicator made here (collective the first time), in program order."""
-    validate(buf, op, algorithm, caller="iallreduce")
+    array, name = validate(buf, op, algorithm, caller="iallreduce")
+    validate_compression(array, name, algorithm, compression, "iallreduce")
     if stall_timeout is not None:
         try:
             config.seconds_argument(stall_timeout)
@@ -153,7 +155,7 @@ def _allreduce_checks(buf, *, op, algorithm: str, comm, check, stall_timeout) ->
 
 def iallreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
                comm: Optional[MPI.Intracomm] = None, check: Optional[bool] = None,
-               stall_timeout: Optional[float] = None) -> Handle:
+               stall_timeout: Optional[float] = None, compression: str = "none") -> Handle:
     """Start ``allreduce(buf, ...)`` and return its ``Handle`` at once; ``wait()`` returns ``buf``.
 
     Takes what ``allreduce`` takes, and a malformed call raises the same ``TypeError`` or
@@ -162,7 +164,7 @@ def iallreduce(buf: np.ndarray, *, op: str = "sum", algorithm: str = "auto",
     reduced in place while the caller goes on: do not read or write it before ``wait()``.
     """
     return begin(_allreduce_checks, allreduce, buf, op=op, algorithm=algorithm, comm=comm, check=check,
-                 stall_timeout=stall_timeout)
+                 stall_timeout=stall_timeout, compression=compression)
 
 
 def _common_checks(caller: str, comm, stall_timeout) -> None:
@@ -177,19 +179,20 @@ def _common_checks(caller: str, comm, stall_timeout) -> None:
         raise type(bad)(f"{caller}: {bad}") from None
 
 
-def _reduce_scatter_checks(buf, out=None, *, op, algorithm, comm, check, stall_timeout) -> None:
-    _reduce_scatter._local(buf, out, op, algorithm, comm, "ireduce_scatter")
+def _reduce_scatter_checks(buf, out=None, *, op, algorithm, comm, check, stall_timeout, compression="none") -> None:
+    array, name, *_ = _reduce_scatter._local(buf, out, op, algorithm, comm, "ireduce_scatter")
+    validate_compression(array, name, algorithm, compression, "ireduce_scatter", REDUCE_SCATTER)
     _common_checks("ireduce_scatter", comm, stall_timeout)
 
 
 def ireduce_scatter(buf: np.ndarray, out: Optional[np.ndarray] = None, *, op: str = "sum", algorithm: str = "auto",
                     comm: Optional[MPI.Intracomm] = None, check: Optional[bool] = None,
-                    stall_timeout: Optional[float] = None) -> Handle:
+                    stall_timeout: Optional[float] = None, compression: str = "none") -> Handle:
     """Start ``reduce_scatter(buf, out, ...)`` and return its ``Handle``; ``wait()`` returns ``out``
     (made by the call where it is ``None``). Checks as ``iallreduce`` does; ``buf`` and ``out``
     must not be touched before ``wait()``."""
     return begin(_reduce_scatter_checks, _reduce_scatter.reduce_scatter, buf, out, op=op, algorithm=algorithm,
-                 comm=comm, check=check, stall_timeout=stall_timeout)
+                 comm=comm, check=check, stall_timeout=stall_timeout, compression=compression)
 
 
 def _allgather_checks(block, out=None, *, counts, algorithm, comm, check, stall_timeout) -> None:

@@ -37,8 +37,22 @@ def test_every_algorithm_beside_mpi_nothing_wrong(mpirun, tmp_path, collective):
         assert {r["op"] for r in data["rows"]} == {"max"}
 
 
+def test_reduce_scatter_with_compression_checks_its_16_bit_rows_against_mpis_result_rounded(mpirun, tmp_path):
+    out = tmp_path / "rows.json"
+    result = ok(mpirun(3, BENCH + ["--collective", "reduce_scatter", "--compression", "bf16", "-o", "mean", "-b", "1K",
+                                   "-e", "1K", *QUICK, "--json", out], timeout=300))
+    assert "# compression bf16: every row but mpi sends 16-bit values" in result.stdout
+    data = json.loads(out.read_text())
+    assert data["preamble"]["compression"] == "bf16" and data["wrong_total"] == 0
+    assert {(r["algorithm"], r["chosen"], r["compression"]) for r in data["rows"]} == {
+        ("hierarchical", "hierarchical", "bf16"), ("ring", "ring", "bf16"), ("auto", "ring", "bf16"),
+        ("mpi", "mpi", "none")}
+
+
 @pytest.mark.parametrize("bad, words", [
     (["--collective", "gather"], "--collective"),
+    (["--collective", "allgather", "--compression", "fp16"], "--compression fp16 cannot go with --collective"),
+    (["--collective", "reduce_scatter", "--compression", "fp16", "-a", "pairwise"], "'pairwise'"),
     (["--collective", "allgather", "-a", "ring,two_shot"], "'two_shot'"),
     (["--collective", "allgather", "-o", "max"], "-o/--op"),
     (["--collective", "broadcast", "--root", "5"], "--root"),

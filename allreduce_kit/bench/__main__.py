@@ -161,15 +161,18 @@ def check_args(parser: RankZeroParser, args) -> None:
         if args.collective != "reduce_scatter" and args.op != "sum":
             parser.error(f"-o/--op: --collective {args.collective} reduces nothing")
     if args.compression != "none":
-        for flag, value, wrong in (("--collective", args.collective, args.collective != "allreduce"),
+        for flag, value, wrong in (("--collective", args.collective, args.collective not in ("allreduce",
+                                                                                               "reduce_scatter")),
                                    ("-d/--datatype", args.datatype, args.datatype != "float32"),
                                    ("-o/--op", args.op, args.op not in wire_formats.OPS),
                                    ("--tune", "", args.tune), ("--overlap", "", args.overlap is not None),
                                    ("--kernel", args.kernel, args.kernel != "numba")):
             if wrong:
                 parser.error(f"--compression {args.compression} cannot go with {flag} {value}".rstrip()
-                             + f": it compresses allreduce of float32 with op {', '.join(wire_formats.OPS)}")
-        names = [n for n in names if n in wire_formats.COMPRESSED or n in ("auto", "mpi")]
+                             + f": it compresses allreduce and reduce_scatter of float32 with op "
+                               f"{', '.join(wire_formats.OPS)}")
+        compressed = wire_formats.COMPRESSED if args.collective == "allreduce" else wire_formats.REDUCE_SCATTER
+        names = [n for n in names if n in compressed or n in ("auto", "mpi")]
     if args.root != 0 and args.collective != "broadcast":
         parser.error("--root is for --collective broadcast only")
     if not 0 <= args.root < MPI.COMM_WORLD.Get_size():
@@ -502,7 +505,7 @@ def run_collective(comm: MPI.Intracomm, parser: RankZeroParser, args, dtype: np.
         "algorithms": args.names, "size": "the whole buffer" + (" (each rank holds size/p of it on one side)"
                                                                 if what != "broadcast" else ""),
         "busbw": "algbw" if what == "broadcast" else "algbw * (p-1)/p",
-        "mpi_row": "mpi4py's own call made directly",
+        "mpi_row": "mpi4py's own call made directly", "compression": args.compression,
         "timing": "per sample: restore input (untimed), barrier, then batch back-to-back calls, barrier (untimed); "
                   "time per call = slowest rank's; median, min and max over samples",
     }
@@ -516,6 +519,9 @@ def run_collective(comm: MPI.Intracomm, parser: RankZeroParser, args, dtype: np.
     say(f"# size = the whole buffer; time = the slowest rank's time per call (median, min, max over samples); "
         f"algbw = size / time, busbw = {info['busbw']}")
     say(f"# #wrong = elements differing from MPI's result (summed over ranks); mpi = {info['mpi_row']}")
+    if args.compression != "none":
+        say(f"# compression {args.compression}: every row but mpi sends 16-bit values (size counts the float32 "
+            f"buffer), #wrong against MPI's result rounded to {args.compression}; mpi = MPI's float32 call")
     lib = library_comm(comm)
     layout = lib.layout
     link = network.link_bandwidth(layout, args.link_gbps)
@@ -531,7 +537,8 @@ def run_collective(comm: MPI.Intracomm, parser: RankZeroParser, args, dtype: np.
 
     say(output.header(link=link_bits is not None))
     rows = collectives.sweep(what, comm, sizes, dtype, args.op, args.root, args.names, args.iters, args.warmup_iters,
-                             args.batch, on_row=lambda row: say(output.line(row, link_pct(row))))
+                             args.batch, on_row=lambda row: say(output.line(row, link_pct(row))),
+                             compression=args.compression)
     table = ratios(rows)
     say(output.summary(table, what))
     wrong = sum(row.wrong for row in rows)

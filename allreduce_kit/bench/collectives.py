@@ -20,7 +20,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from .. import online
+from .. import compression as wire_formats, online
 from ..algorithms.mpi import MPI_OPS
 from ..blocks import block, counts
 from ..comm import library_comm
@@ -45,17 +45,23 @@ def bus_factor(collective: str, p: int) -> float:
     return 1.0 if collective == "broadcast" else (p - 1) / p
 
 
-def chosen(collective: str, lib, nbytes: int) -> str:
-    """What ``auto`` runs at ``nbytes``: online tuning's winner, else the table's choice."""
+def chosen(collective: str, lib, nbytes: int, compression: str = "none") -> str:
+    """What ``auto`` runs at ``nbytes``: online tuning's winner, else the table's choice (compressed:
+    ``compression.choose``'s)."""
+    if compression != "none":
+        return wire_formats.choose(lib, nbytes)
     tuned = online.spec_of(collective)
     tuner = lib.state.get(("online", tuned.name))
     return tuner.choice(nbytes) if tuner is not None else tuned.table(lib, nbytes)
 
 
 class Case:
-    """One collective at one size: its buffers, MPI's answer, and each algorithm's call."""
+    """One collective at one size: its buffers, MPI's answer, and each algorithm's call. With
+    ``compression`` (reduce_scatter), every call but MPI's sends 16-bit values, and is checked
+    against MPI's answer rounded to them (the inputs are small integers: exact in 16 bits)."""
 
-    def __init__(self, collective: str, comm: MPI.Intracomm, count: int, dtype: np.dtype, op: str, root: int):
+    def __init__(self, collective: str, comm: MPI.Intracomm, count: int, dtype: np.dtype, op: str, root: int,
+                 compression: str = "none"):
         from .. import allgather, broadcast, reduce_scatter
 
         self.collective, self.comm, self.op, self.root = collective, comm, op, root
@@ -76,7 +82,8 @@ class Case:
                 self.mpi = lambda: (lib.Reduce_scatter_block(self.source, self.result, mpi_op), finish(self.result))
             else:
                 self.mpi = lambda: (lib.Reduce_scatter(self.source, self.result, lengths, mpi_op), finish(self.result))
-            self.ours = lambda name: lambda: reduce_scatter(self.source, self.result, op=op, algorithm=name, comm=comm)
+            self.ours = lambda name: lambda: reduce_scatter(self.source, self.result, op=op, algorithm=name, comm=comm,
+                                                            compression=compression)
         elif collective == "allgather":
             self.expected = local_input(count, dtype, "sum", 0)  # the same on every rank
             self.source = self.expected[lo:hi].copy()
@@ -95,6 +102,10 @@ class Case:
             self.mpi = lambda: lib.Bcast(self.result, root)
             self.ours = lambda name: lambda: broadcast(self.result, root, algorithm=name, comm=comm)
 
+        #: what a call that sent 16-bit values must give
+        self.compressed = self.expected if compression == "none" else \
+            wire_formats.WIRES[compression].round(self.expected.copy())
+
     def restore(self) -> None:
         """Before a sample: a broadcast's non-root buffers hold their own values again (the others'
         outputs are overwritten whole by every call)."""
@@ -104,8 +115,9 @@ class Case:
     def call(self, name: str) -> Callable[[], object]:
         return self.mpi if name == "mpi" else self.ours(name)
 
-    def wrong(self) -> int:
-        return int(np.count_nonzero(self.result != self.expected))
+    def wrong(self, name: str = "mpi") -> int:
+        """Elements of the last call of ``name`` that differ from what it must give."""
+        return int(np.count_nonzero(self.result != (self.expected if name == "mpi" else self.compressed)))
 
 
 def explore(case: Case, comm: MPI.Intracomm, lib, size: int, call: Callable[[], object], batch: int) -> int:
@@ -125,7 +137,7 @@ def explore(case: Case, comm: MPI.Intracomm, lib, size: int, call: Callable[[], 
             if not online.exploring(lib, size, tuned):
                 break
         comm.Barrier()
-        wrong += case.wrong()
+        wrong += case.wrong("auto")
         if batch <= 0 and run == 1:
             run = batch_for(comm.allreduce(took, op=MPI.MAX))
     return wrong
@@ -133,23 +145,24 @@ def explore(case: Case, comm: MPI.Intracomm, lib, size: int, call: Callable[[], 
 
 def sweep(collective: str, comm: MPI.Intracomm, sizes: Sequence[int], dtype: np.dtype, op: str, root: int,
           algorithms: Sequence[str], samples: int, warmup: int, batch: int = 0,
-          on_row: Optional[Callable[[Row], None]] = None) -> List[Row]:
+          on_row: Optional[Callable[[Row], None]] = None, compression: str = "none") -> List[Row]:
     """Check then time every algorithm of ``collective`` at every size; every rank returns the
-    same rows. ``size`` in a row is nccl-tests' size for the collective (the whole buffer)."""
+    same rows. ``size`` in a row is nccl-tests' size for the collective (the whole buffer).
+    ``compression``: reduce_scatter's, for every algorithm but ``mpi``."""
     lib = library_comm(comm)
     p = lib.nranks
     rows: List[Row] = []
     for size in sizes:
         count = size // dtype.itemsize
-        case = Case(collective, comm, count, dtype, op, root)
+        case = Case(collective, comm, count, dtype, op, root, compression)
         timed: Dict[str, Callable[[], object]] = {}
         wrong = []
         for name in algorithms:
             call = timed[name] = case.call(name)
             case.restore()
             call()  # the first call compiles or loads kernels and allocates scratch: untimed
-            bad = case.wrong()
-            if name == "auto" and p > 1:  # auto's exploration ends before its warm-up
+            bad = case.wrong(name)
+            if name == "auto" and p > 1 and compression == "none":  # auto's exploration ends before its warm-up
                 bad += explore(case, comm, lib, size, call, batch)
             wrong.append(bad)
         wrong = comm.allreduce(np.array(wrong), op=MPI.SUM).tolist()
@@ -159,8 +172,9 @@ def sweep(collective: str, comm: MPI.Intracomm, sizes: Sequence[int], dtype: np.
             median = float(np.median(t))
             algbw = size / median / 1e3 if median > 0 else 0.0
             row = Row(size, count, dtype.name, op if collective == "reduce_scatter" else "none", name,
-                      chosen(collective, lib, size) if name == "auto" else name, p, median, float(t.min()),
-                      float(t.max()), algbw, algbw * bus_factor(collective, p), int(bad), samples, batches[name])
+                      chosen(collective, lib, size, compression) if name == "auto" else name, p, median,
+                      float(t.min()), float(t.max()), algbw, algbw * bus_factor(collective, p), int(bad), samples,
+                      batches[name], compression="none" if name == "mpi" else compression)
             rows.append(row)
             if on_row:
                 on_row(row)

@@ -8,7 +8,8 @@ from mpi4py import MPI
 from ..algorithms import reduce_scatter as registry
 from ..algorithms.reduce_scatter import shared_memory
 from ..blocks import block as block_of
-from ..collective import op_name
+from .. import compression as _compression
+from ..collective import op_name, validate_compression
 from .. import online
 from ..comm import library_comm
 from ..progress import IN_FLIGHT
@@ -43,7 +44,7 @@ def _local(buf, out, op, algorithm, comm, caller: str):
 
 def reduce_scatter(buf: np.ndarray, out: Optional[np.ndarray] = None, *, op: str = "sum", algorithm: str = "auto",
                    comm: Optional[MPI.Intracomm] = None, check: Optional[bool] = None,
-                   stall_timeout: Optional[float] = None) -> np.ndarray:
+                   stall_timeout: Optional[float] = None, compression: str = "none") -> np.ndarray:
     """Reduce ``buf`` across the ranks of ``comm`` and leave block r of the result in ``out`` on
     rank r; return ``out``.
 
@@ -67,12 +68,17 @@ def reduce_scatter(buf: np.ndarray, out: Optional[np.ndarray] = None, *, op: str
     cost to a well-formed call, with every algorithm but ``mpi`` (MPI's own: MPICH ends the job),
     as ``allreduce`` does (``algorithms/signature.py``); another op or algorithm is undefined.
     ``stall_timeout`` as for ``allreduce``.
+
+    ``compression="fp16"`` or ``"bf16"`` (float32 buffers; ops sum, mean, max, min; ``auto`` or an
+    algorithm in ``compression.REDUCE_SCATTER``) sends 16-bit values and folds in float32, as
+    ``allreduce`` does: ``out`` is made of 16-bit values (docs/compression.md).
     """
     tracer = _TRACING[0]
     if tracer is not None and _ident() not in tracer.busy:  # tracing (allreduce_kit/trace): recorded
-        return tracer.reduce_scatter(reduce_scatter, buf, out, op, algorithm, comm, check, stall_timeout)
+        return tracer.reduce_scatter(reduce_scatter, buf, out, op, algorithm, comm, check, stall_timeout, compression)
     again = _LAST[0]
-    if (again is not None and again.first() is buf and again.second() is out and again.key == (op, algorithm)
+    if (again is not None and again.first() is buf and again.second() is out
+            and again.key == (op, algorithm, compression)
             and (comm is None or comm is _COMM_WORLD) and check is None and stall_timeout is None and not IN_FLIGHT[0]
             and buf.shape == again.shapes[0] and out.shape == again.shapes[1] and buf.dtype is again.dtype
             and out.dtype is again.dtype and buf.flags.carray and out.flags.carray):
@@ -82,6 +88,7 @@ def reduce_scatter(buf: np.ndarray, out: Optional[np.ndarray] = None, *, op: str
     given = out
     try:
         array, name, out, result, aliased = _local(buf, out, op, algorithm, comm, CALLER)
+        validate_compression(array, name, algorithm, compression, CALLER, _compression.REDUCE_SCATTER)
     except (TypeError, ValueError) as malformed:  # raised here, before anything is sent, unless checked
         if not checking_locally(check):
             raise
@@ -89,20 +96,31 @@ def reduce_scatter(buf: np.ndarray, out: Optional[np.ndarray] = None, *, op: str
     timeout = stall_argument(stall_timeout, CALLER)
     lib = library_comm(comm)
     if error is None:
-        fields = [("buf length", array.size), ("buf dtype", array.dtype.str), ("op", name), ("algorithm", algorithm)]
+        fields = [("buf length", array.size), ("buf dtype", array.dtype.str), ("op", name), ("algorithm", algorithm),
+                  ("compression", compression)]
     else:
-        fields = [("buf length", None), ("buf dtype", None), ("op", None), ("algorithm", None)]
-    what = f"{CALLER}(algorithm={algorithm!r}, {array.size if error is None else '?'} x {array.dtype if error is None else '?'})"
+        fields = [("buf length", None), ("buf dtype", None), ("op", None), ("algorithm", None), ("compression", None)]
+    what = f"{CALLER}(algorithm={algorithm!r}, {array.size if error is None else '?'} x " \
+           f"{array.dtype if error is None else '?'}{'' if compression == 'none' else f', compression={compression!r}'})"
     with watched(lib, what, timeout):
         settle(lib, CALLER, fields, error, check)
+        wire = None if compression == "none" else _compression.WIRES[compression]
         if lib.nranks == 1:
             if not aliased:
                 result[:] = array
+            if wire is not None:
+                wire.round(result)
             return out
         if array.size == 0:
             return out
         target = lib.scratch(result.size, result.dtype, _ALIASED) if aliased else result
         reduction = lib.reductions[name]
+        if wire is not None:
+            runs = _compression.choose(lib, array.nbytes) if algorithm == "auto" else algorithm
+            _compression.REDUCE_SCATTER[runs](lib, array, target, reduction, wire)
+            if aliased:
+                result[:] = target
+            return out
         # chosen once the ranks are known to agree: the first choice on a communicator may set up
         # its window or direct reads, collectively
         tuner, runs = dispatch(lib, SPEC, algorithm, array.nbytes, array, target, reduction)
@@ -111,7 +129,7 @@ def reduce_scatter(buf: np.ndarray, out: Optional[np.ndarray] = None, *, op: str
         elif (given is not None and keeps(lib, comm, check, stall_timeout) and type(buf) is np.ndarray
               and buf.ndim == 1 and type(out) is np.ndarray and out.ndim == 1):
             run, tuning = repeated(lib, tuner, runs, array.nbytes, lambda name: _kept(lib, name, array, reduction))
-            _LAST[0] = Again(lib, buf, out, (op, algorithm), run, what, tuning)
+            _LAST[0] = Again(lib, buf, out, (op, algorithm, compression), run, what, tuning)
     return out
 
 

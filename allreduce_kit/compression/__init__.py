@@ -3,7 +3,9 @@
 ``allreduce(buf, compression="fp16" | "bf16")`` reduces a float32 buffer whose messages carry
 16-bit values (``wire.py``); every fold is done in float32 and the result, bitwise the same on
 every rank, is made of 16-bit values. Only the algorithms in ``COMPRESSED`` run compressed;
-``auto`` chooses among them (``choose``). ``powersgd.py`` holds PowerSGD's state.
+``auto`` chooses among them (``choose``). ``reduce_scatter(buf, compression=...)`` likewise, with
+the algorithms in ``REDUCE_SCATTER``: the same two, each a reduce-scatter that sends what the
+allreduce of that name sends in its reduce-scatter. ``powersgd.py`` holds PowerSGD's state.
 
 =================  ============================================  ================================
 name               what it does                                  bytes each rank sends
@@ -46,6 +48,22 @@ def _hierarchical(comm, buf, op, wire) -> None:
 COMPRESSED: Dict[str, Callable[..., None]] = {"ring": _ring, "hierarchical": _hierarchical}
 
 
+def _ring_reduce_scatter(comm, buf, out, op, wire) -> None:
+    from .ring import reduce_scatter
+    reduce_scatter(comm, buf, out, op, wire)
+
+
+def _hierarchical_reduce_scatter(comm, buf, out, op, wire) -> None:
+    from .hierarchical import reduce_scatter
+    reduce_scatter(comm, buf, out, op, wire)
+
+
+#: name -> compressed reduce-scatter algorithm ``(comm, buf, out, op, wire)``, as ``COMPRESSED``;
+#: ``choose`` picks among them as for allreduce.
+REDUCE_SCATTER: Dict[str, Callable[..., None]] = {"ring": _ring_reduce_scatter,
+                                                  "hierarchical": _hierarchical_reduce_scatter}
+
+
 def choose(comm: Any, nbytes: int) -> str:
     """``auto``'s compressed algorithm for ``nbytes`` of float32 on ``comm`` (the same on every
     rank): across nodes ``hierarchical`` (16 bits only between the nodes), on one node ``ring``."""
@@ -60,4 +78,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["COMPRESSIONS", "COMPRESSED", "OPS", "WIRES", "Wire", "choose"]
+__all__ = ["COMPRESSIONS", "COMPRESSED", "OPS", "REDUCE_SCATTER", "WIRES", "Wire", "choose"]

@@ -16,11 +16,18 @@ Each node's link carries 2(N-1)/N of the buffer each way at 2 bytes an element, 
 uncompressed ``hierarchical``'s. An element is rounded to 16 bits N times (N - 1 hops and the
 final rounding), never summed in 16 bits. On a communicator whose ranks are all on one node the
 call is the compressed ring.
+
+``reduce_scatter`` is ``reduce_scatter``'s own ``hierarchical`` with 16-bit values on the link:
+float32 folds inside each node, each node's partial results for the other nodes' blocks sent as
+16-bit values and folded in float32, in node order, by the block's rank, which rounds its block
+once. Each node's link carries (N-1)/N of the buffer at 2 bytes an element; an element is
+rounded at most twice (leaving its node, and at the end).
 """
 import numpy as np
 
 from ..algorithms import direct
 from ..algorithms import hierarchical as plain
+from ..algorithms.reduce_scatter import hierarchical as plain_reduce_scatter
 from ..algorithms.segments import bounds_array
 from . import ring
 
@@ -63,3 +70,13 @@ def allreduce(comm, buf: np.ndarray, op, wire) -> None:
                                f"peer's buffer failed on rank {comm.myrank}; set {direct.ENV}=0 to use messages")
     elif node.nranks > 1:
         plain._allgather_messages(node, buf, bounds)
+
+
+def reduce_scatter(comm, buf: np.ndarray, out: np.ndarray, op, wire) -> None:
+    """Block r of ``buf`` (float32, 1-D) reduced with ``op`` across ``comm`` (at least 2 ranks) into
+    ``out`` on rank r, 16-bit between nodes, the block rounded to 16 bits once."""
+    if comm.layout.single_node:
+        ring.reduce_scatter(comm, buf, out, op, wire)
+        return
+    plain_reduce_scatter.run(comm, buf, out, op, wire)
+    wire.round(out)

@@ -1,5 +1,5 @@
 """Compressed ring allreduce: ``reduce_scatter``'s ring with 16-bit messages, then ``allgather``'s
-ring on the 16-bit blocks.
+ring on the 16-bit blocks; compressed ring reduce-scatter: its first two steps.
 
 1. Reduce-scatter (``algorithms/reduce_scatter/ring.py``, ``run(..., wire)``): each rank's running
    result for a block leaves as 16-bit values, is decoded into float32 where it arrives and is
@@ -13,6 +13,9 @@ ring on the 16-bit blocks.
 Each rank sends (p-1)/p of the buffer in each phase, at 2 bytes an element: half the
 uncompressed ring's bytes. Each element is rounded to 16 bits at most once per hop: p times on
 its way to the result (p-1 hops and the final rounding), never summed in 16 bits.
+
+``reduce_scatter`` stops after step 2, rank r's block in place of the whole buffer: block r of
+the compressed allreduce, bitwise, having sent half of its bytes.
 """
 import numpy as np
 
@@ -40,3 +43,11 @@ def allreduce(comm, buf: np.ndarray, op, wire) -> None:
     if tag & BAD:
         raise mismatch(comm, buf, "ring")
     wire.decode(buf, packed)
+
+
+def reduce_scatter(comm, buf: np.ndarray, out: np.ndarray, op, wire) -> None:
+    """Block r of ``buf`` (float32, 1-D) reduced with ``op`` across ``comm`` (at least 2 ranks) into
+    ``out`` on rank r, the messages in ``wire``'s 16-bit format, the block rounded to it once."""
+    if reduce_scatter_ring.run(comm, buf, out, op, signature(buf, TAG), wire) & BAD:
+        raise mismatch(comm, buf, "ring", "reduce_scatter", result="out")
+    wire.round(out)

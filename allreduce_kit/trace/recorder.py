@@ -92,7 +92,7 @@ class Recorder:
             busy.discard(ident)
 
     def reduce_scatter(self, fn: Callable[..., Any], buf: Any, out: Any, op: Any, algorithm: str, comm: Any,
-                       check: Any, stall_timeout: Any) -> Any:
+                       check: Any, stall_timeout: Any, compression: str = "none") -> Any:
         """Run the library's ``reduce_scatter`` ``fn`` with these arguments, and record the call."""
         ident = _ident()
         busy = self.busy
@@ -100,7 +100,8 @@ class Recorder:
         clock = self.clock
         start = clock()
         try:
-            return fn(buf, out, op=op, algorithm=algorithm, comm=comm, check=check, stall_timeout=stall_timeout)
+            return fn(buf, out, op=op, algorithm=algorithm, comm=comm, check=check, stall_timeout=stall_timeout,
+                      compression=compression)
         finally:
             self.calls.append(("reduce_scatter", ident, start, clock(),
                                buf.nbytes if isinstance(buf, _ndarray) else None, comm, op, algorithm, None))

@@ -1,7 +1,8 @@
 """Run on the emulated cluster (``test_cluster_collectives.py``): ``hierarchical`` and ``auto`` of
 ``reduce_scatter``, ``allgather`` and ``broadcast`` match MPI's own calls across the nodes, for
 every op and dtype, lengths that are empty, fewer than p, around p, odd and large (pieces on the
-link), ``allgather``'s blocks of other lengths (``counts``) and every root. Rank 0 prints
+link), ``allgather``'s blocks of other lengths (``counts``) and every root; and ``reduce_scatter``
+with ``compression`` against MPI's reduction of the 16-bit-rounded inputs. Rank 0 prints
 ``passed: N cases`` or the first failures; the exit status is 1 on any failure.
 """
 import sys
@@ -11,6 +12,7 @@ from mpi4py import MPI
 
 from allreduce_kit import OPS, allgather, broadcast, library_comm, reduce_scatter
 from allreduce_kit.blocks import block, counts
+from allreduce_kit.compression import OPS as COMPRESSED_OPS, WIRES
 
 DTYPES = ("float32", "float64", "int32", "int64")
 MPI_OP = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
@@ -85,6 +87,25 @@ for algorithm in ALGORITHMS:
                 want = values(n, dtype, root + 100 * root)
                 check(np.array_equal(broadcast(mine, root, algorithm=algorithm, comm=comm), want),
                       f"broadcast {algorithm} {dtype} n={n} root={root}")
+
+for algorithm in ALGORITHMS:  # reduce_scatter with 16-bit partial blocks between the nodes
+    for compression, wire in sorted(WIRES.items()):
+        for n in lengths("float32"):
+            for op in COMPRESSED_OPS:
+                x = values(n, "float32", rank + 11)
+                rounded = wire.round(x.copy())
+                expected = rounded.copy()
+                world.Allreduce(MPI.IN_PLACE, expected, op=MPI_OP[op])
+                magnitude = np.abs(rounded).astype(np.float64)
+                world.Allreduce(MPI.IN_PLACE, magnitude, op=MPI.SUM)
+                lo, hi = block(n, p, rank)
+                got = reduce_scatter(x, op=op, algorithm=algorithm, comm=comm, compression=compression)
+                want, bound = expected[lo:hi], (p + 2) * wire.unit_roundoff * magnitude[lo:hi] + 2.0 ** -24
+                if op == "mean":
+                    want, bound = want / np.float32(p), bound / p
+                ok = np.array_equal(wire.round(got.copy()), got) and (
+                    np.array_equal(got, want) if op in ("max", "min") else bool((np.abs(got - want) <= bound).all()))
+                check(ok, f"reduce_scatter {algorithm} compression={compression} {op} n={n}")
 
 failures = [f for fs in world.allgather(failures) for f in fs]
 layout = lib.layout

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from allreduce_kit import allreduce, library_comm
-from allreduce_kit.compression import COMPRESSED, WIRES
+from allreduce_kit import allreduce, iallreduce, ireduce_scatter, library_comm, reduce_scatter
+from allreduce_kit.blocks import block
+from allreduce_kit.compression import COMPRESSED, REDUCE_SCATTER, WIRES
 from conftest import assert_quiet, assert_same_everywhere
 
 OPS = ("sum", "mean", "max", "min")
@@ -32,10 +33,11 @@ def rounded(x: np.ndarray, compression: str) -> np.ndarray:
     return WIRES[compression].round(x.copy())
 
 
-def check_result(comm, x: np.ndarray, got: np.ndarray, op: str, compression: str) -> None:
-    """``got`` against numpy's float32 reduction of every rank's 16-bit-rounded ``x``."""
+def check_result(comm, x: np.ndarray, got: np.ndarray, op: str, compression: str, block: slice = slice(None)) -> None:
+    """``got`` against numpy's float32 reduction of every rank's 16-bit-rounded ``x`` (its
+    elements ``block``: a reduce-scatter's)."""
     p = comm.Get_size()
-    everyone = np.array(comm.allgather(x), dtype=np.float32).reshape(p, -1)
+    everyone = np.array(comm.allgather(x), dtype=np.float32).reshape(p, -1)[:, block]
     expected = NUMPY[op](np.array([rounded(row, compression) for row in everyone]), axis=0).astype(np.float32)
     assert np.array_equal(rounded(got, compression).view(np.uint32), got.view(np.uint32)), "not 16-bit values"
     if op in ("max", "min"):
@@ -60,6 +62,56 @@ def test_matches_the_rounded_reduction_and_is_the_same_everywhere(comm, compress
                         compression=compression)
         check_result(comm, x, got, op, compression)
         assert_same_everywhere(comm, got)
+    assert_quiet(comm)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("compression", sorted(WIRES))
+def test_reduce_scatter_leaves_block_r_of_the_compressed_allreduce(comm, compression):
+    """Rank r's block meets the allreduce's bound; on one node, bitwise the compressed ring
+    allreduce's block r (the same messages, stopped before the allgather); ``out`` may be ``buf``'s
+    own block; the nonblocking forms give what the blocking ones give."""
+    p, rank = comm.Get_size(), comm.Get_rank()
+    algorithms = ["auto", *sorted(REDUCE_SCATTER)]
+    for i, (op, n) in enumerate((op, n) for op in OPS for n in lengths(p)):
+        x = np.random.default_rng([n, rank, 5]).standard_normal(n).astype(np.float32)
+        lo, hi = block(n, p, rank)
+        got = reduce_scatter(x, op=op, algorithm=algorithms[i % len(algorithms)], comm=comm, compression=compression)
+        assert got.shape == (hi - lo,)
+        check_result(comm, x, got, op, compression, slice(lo, hi))
+        whole = allreduce(x.copy(), op=op, algorithm="ring", comm=comm, compression=compression)
+        assert np.array_equal(got.view(np.uint32), whole[lo:hi].view(np.uint32))
+        in_place = x.copy()
+        reduce_scatter(in_place, in_place[lo:hi], op=op, comm=comm, compression=compression)
+        assert np.array_equal(in_place[lo:hi].view(np.uint32), got.view(np.uint32))
+        assert np.array_equal(np.delete(in_place, np.s_[lo:hi]), np.delete(x, np.s_[lo:hi]))
+    x = np.random.default_rng([9, rank]).standard_normal(4099).astype(np.float32)
+    lo, hi = block(x.size, p, rank)
+    started = [ireduce_scatter(x, comm=comm, compression=compression),
+               iallreduce(x.copy(), op="mean", comm=comm, compression=compression)]
+    got, whole = (h.wait() for h in started)
+    assert np.array_equal(got, reduce_scatter(x, comm=comm, compression=compression))
+    assert np.array_equal(whole, allreduce(x.copy(), op="mean", comm=comm, compression=compression))
+    assert_quiet(comm)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("call", [reduce_scatter, ireduce_scatter, iallreduce])
+@pytest.mark.parametrize("buf, kwargs, kind, names", [
+    (np.ones(4, np.int64), {}, TypeError, "compression='bf16' takes float32"),
+    (np.ones(4, np.float32), {"op": "prod"}, ValueError, "op='prod'"),
+    (np.ones(4, np.float32), {"algorithm": "recursive_halving"}, ValueError,
+     "algorithm 'recursive_halving' does not support compression"),
+    (np.ones(4, np.float32), {"compression": "half"}, ValueError, "unknown compression 'half'"),
+])
+def test_reduce_scatter_and_the_nonblocking_calls_refuse_what_cannot_compress_before_sending(comm, call, buf, kwargs,
+                                                                                          kind, names):
+    if call is iallreduce and kwargs.get("algorithm") == "recursive_halving":
+        kwargs = {"algorithm": "tree"}
+        names = "algorithm 'tree' does not support compression"
+    kwargs = {"compression": "bf16", **kwargs}
+    with pytest.raises(kind, match=f"^{call.__name__}: .*{names}"):
+        call(buf, comm=comm, **kwargs)
     assert_quiet(comm)
 
 
@@ -141,4 +193,7 @@ def test_across_two_nodes_hierarchical_compresses_between_them_and_auto_takes_it
         got = allreduce(x.copy(), op=op, algorithm=("auto", "hierarchical")[i % 2], comm=comm, compression="bf16")
         check_result(comm, x, got, op, "bf16")
         assert_same_everywhere(comm, got)
+        lo, hi = block(n, p, rank)  # reduce-scatter: 16-bit partial blocks between the nodes
+        got = reduce_scatter(x, op=op, algorithm=("hierarchical", "auto")[i % 2], comm=comm, compression="fp16")
+        check_result(comm, x, got, op, "fp16", slice(lo, hi))
     assert_quiet(comm)

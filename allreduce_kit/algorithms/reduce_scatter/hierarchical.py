@@ -29,6 +29,11 @@ buffer. A rank's block is reduced by that rank alone, the other nodes' partial r
 node order, so integers are exact and floats may differ from ``mpi``'s in the last bits.
 ``mean`` sums and divides once, at the end.
 
+``run`` can also send the partial blocks across the link as 16-bit values (a
+``compression.Wire``): each is rounded once as it leaves its node, decoded into float32 where it
+arrives and folded there in float32 (compressed reduce-scatter, ``allreduce_kit/compression``);
+inside the nodes everything stays float32.
+
 On a communicator whose ranks are all on one node it runs what ``auto`` runs there. Across
 nodes, one ``Allreduce`` of four integers (``hierarchical`` allreduce's agreement) makes every
 rank raise the same ``ValueError`` if the ranks' buffers differ in length or dtype, before any
@@ -36,6 +41,7 @@ message is sent: started before step 1 and waited for before its first message w
 reads directly (which compares the node's buffers before it reads any), so that its round
 trips across the nodes overlap the node's first folds; else before step 1.
 """
+import numpy as np
 from mpi4py import MPI
 
 from . import ALGORITHMS, choose, register
@@ -48,6 +54,8 @@ CALLER = "reduce_scatter"
 TAG = 213
 #: Scratch slots of the library's communicator (``LibraryComm.scratch``) used here.
 STAGING, INCOMING, PACKED = 46, 47, 48
+#: With a 16-bit wire: the partial blocks as sent, and a piece that arrived, decoded.
+WIRE_OUT, WIRE_IN = 49, 50
 #: Pieces a partial block crosses the link in (all posted at once), at most this many bytes.
 PIECE = 1 << 20
 
@@ -63,6 +71,12 @@ def reduce_scatter(comm, buf, out, op):
     if comm.layout.single_node:
         ALGORITHMS[choose(comm, buf.nbytes)](comm, buf, out, op)
         return
+    run(comm, buf, out, op)
+
+
+def run(comm, buf, out, op, wire=None) -> None:
+    """The two steps across nodes (``comm`` spans several), block r of the result into ``out`` on
+    rank r. With ``wire`` (a float32 ``buf``), the partial blocks cross the link as its 16-bit values."""
     plan = plan_of(comm)
     node, cp, me = plan.node, counterparts.of(comm), comm.myrank
     bounds = bounds_array(buf.size, comm.nranks)
@@ -70,11 +84,19 @@ def reduce_scatter(comm, buf, out, op):
     isz = buf.itemsize
     lo, hi = int(bounds[me]), int(bounds[me + 1])
     sources = cp.others(me)
-    incoming = comm.scratch(len(sources) * (hi - lo), buf.dtype, INCOMING)
+    incoming = comm.scratch(len(sources) * (hi - lo), buf.dtype if wire is None else np.uint16, INCOMING)
     cut = counterparts.cuts(hi - lo, isz, PIECE)
     # step 1 folds into staging the blocks this rank stands in for (each sent on to its rank), then its own
     jobs = [(b, int(bounds[b]), int(bounds[b + 1])) for b in cp.stands_in_for(me)] + [(me, lo, hi)]
     staging = comm.scratch(sum(stop - start for _, start, stop in jobs), buf.dtype, STAGING)
+    # what leaves for the other nodes: staging's partial blocks (its own block is last), or their 16-bit values
+    outgoing = staging if wire is None else comm.scratch(staging.size - (hi - lo), np.uint16, WIRE_OUT)
+
+    def send(start: int, stop: int, to: int) -> MPI.Request:
+        """Staging's elements ``start:stop``, folded, on their way to rank ``to``."""
+        if wire is not None:
+            wire.encode(outgoing[start:stop], staging[start:stop])
+        return comm.Isend([outgoing[start:stop], MPI.BYTE], to, TAG)
     arriving, sends = [], []
     peers = direct.peers_for(node) if node.nranks > 1 and op.code is not None else None
     agreeing = allreduce_plan._start_agreeing(comm, plan, buf) if peers is not None else None
@@ -108,7 +130,7 @@ def reduce_scatter(comm, buf, out, op):
                         raise RuntimeError(_failed(me, "reading a peer's buffer failed"))
                 if b != me:
                     agreed()
-                    sends.append(comm.Isend([staging[at + s:at + e], MPI.BYTE], b, TAG))
+                    sends.append(send(at + s, at + e, b))
             at += stop - start
         agreed()  # before the wait below, which makes no MPI progress: a peer may need this rank's
         if direct.leave(state, first) != 0:  # part of the agreement to finish reading its buffer
@@ -118,15 +140,17 @@ def reduce_scatter(comm, buf, out, op):
         _fold_by_messages(node, cp, cp.node_of[me], bounds, buf, staging, base)
         at = 0
         for b, start, stop in jobs[:-1]:
-            sends += [comm.Isend([staging[at + s:at + e], MPI.BYTE], b, TAG)
-                      for s, e in counterparts.cuts(stop - start, isz, PIECE)]
+            sends += [send(at + s, at + e, b) for s, e in counterparts.cuts(stop - start, isz, PIECE)]
             at += stop - start
     # step 2: the other nodes' partial results folded into this node's, in node order
     out[:] = staging[staging.size - (hi - lo):]
     for k, requests in enumerate(arriving):
         for (s, e), request in zip(cut, requests):
             request.Wait()
-            base.combine(out[s:e], incoming[k * (hi - lo) + s:k * (hi - lo) + e])
+            piece = incoming[k * (hi - lo) + s:k * (hi - lo) + e]
+            if wire is not None:
+                piece = wire.decode(comm.scratch(e - s, buf.dtype, WIRE_IN), piece)
+            base.combine(out[s:e], piece)
     MPI.Request.Waitall(sends)
     op.finish(out)
 
