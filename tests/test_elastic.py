@@ -34,10 +34,12 @@ def _ok(result, status=0):
 class Job:
     """``mpiexec -n RANKS python -m mpi4py ARGS`` in the background, its output read as it comes."""
 
-    def __init__(self, ranks: int, args, command=None):
+    def __init__(self, ranks: int, args, command=None, session: bool = False):
+        """``session``: in a process group of its own, as a command typed at a terminal is."""
         command = command or [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4py", *map(str, args)]
         self.proc = subprocess.Popen(command, cwd=TESTS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, start_new_session=session)
+        self.session = session
         self.out: list = []
         self.err: list = []
         self.readers = [threading.Thread(target=self._read, args=(stream, into), daemon=True)
@@ -74,6 +76,11 @@ class Job:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        if self.session:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def _final_params(directory: Path) -> np.ndarray:
@@ -83,10 +90,11 @@ def _final_params(directory: Path) -> np.ndarray:
 
 # -- signals: a time limit or a preemption ------------------------------------------------------
 def test_a_signal_stops_every_rank_at_one_step_with_a_checkpoint_and_resume_loses_nothing(mpirun, tmp_path):
-    """3 ranks. SIGUSR1 to rank 1 alone (the others must agree to stop with it), resume; SIGTERM to
-    mpiexec (which forwards it to every rank), resume: the parameters are bitwise those of a run
-    never interrupted, and each stop saved the step it stopped at and exited 75."""
-    whole = _stopped_twice_then_resumed(mpirun, tmp_path, 3, TRAIN + SMALL + ["--epochs", "4", "--seed", "5"])
+    """3 ranks. SIGUSR1 to rank 1 alone (the others must agree to stop with it), resume; SIGINT to
+    mpiexec (a Ctrl-C: it passes it on to every rank), resume: the parameters are bitwise those of
+    a run never interrupted, and each stop saved the step it stopped at and exited 75."""
+    whole = _stopped_twice_then_resumed(mpirun, tmp_path, 3, TRAIN + SMALL + ["--epochs", "4", "--seed", "5"],
+                                        to_mpiexec=signal.SIGINT)
     assert np.array_equal(_final_params(tmp_path / "ckpt"), _final_params(whole))
 
 
@@ -100,10 +108,10 @@ def test_a_signal_stops_a_pipeline_run_with_its_checkpoint_and_resume_loses_noth
                                 target_rank=3)
 
 
-def _stopped_twice_then_resumed(mpirun, tmp_path, ranks, common, target_rank=1) -> Path:
-    """Run ``common`` whole; then stop it with SIGUSR1 to one rank, resume and stop it with SIGTERM
-    to mpiexec, resume to the end; check each stop and that the end is the whole run's. Returns the
-    whole run's checkpoint directory."""
+def _stopped_twice_then_resumed(mpirun, tmp_path, ranks, common, target_rank=1, to_mpiexec=signal.SIGTERM) -> Path:
+    """Run ``common`` whole; then stop it with SIGUSR1 to one rank, resume and stop it with
+    ``to_mpiexec`` to mpiexec, resume to the end; check each stop and that the end is the whole
+    run's. Returns the whole run's checkpoint directory."""
     whole = tmp_path / "whole"
     _ok(mpirun(ranks, common + ["--checkpoint-dir", whole, "--json", tmp_path / "whole.json"], timeout=180))
     reference = json.loads((tmp_path / "whole.json").read_text())
@@ -118,12 +126,12 @@ def _stopped_twice_then_resumed(mpirun, tmp_path, ranks, common, target_rank=1) 
             if target == "one rank":
                 os.kill(_rank_process(job.proc.pid, target_rank), signal.SIGUSR1)
             else:
-                job.proc.send_signal(signal.SIGTERM)
+                job.proc.send_signal(to_mpiexec)
             result = job.finish()
         finally:
             job.kill()
         _ok(result, STOPPED_STATUS)
-        name = "SIGUSR1" if target == "one rank" else "SIGTERM"
+        name = "SIGUSR1" if target == "one rank" else signal.Signals(to_mpiexec).name
         assert f"stopped on {name} after step " in result.stderr, result.stderr[-3000:]
         assert result.stderr.count("stopped on") == 1, "one message, from rank 0"
         step = int(result.stderr.split(f"stopped on {name} after step ")[1].split(":")[0])
@@ -140,6 +148,27 @@ def _stopped_twice_then_resumed(mpirun, tmp_path, ranks, common, target_rank=1) 
     assert report["params_digest"] == reference["params_digest"]
     assert [e["loss"] for e in report["epochs"]] == [e["loss"] for e in reference["epochs"]]
     return whole
+
+
+def test_ctrl_c_at_the_terminal_stops_an_elastic_run_with_a_checkpoint(tmp_path):
+    """``train --elastic -n 3`` and a Ctrl-C at its terminal (SIGINT to its whole process group:
+    the supervisor, the launcher, the ranks): every rank stops at one step with that step's
+    checkpoint, the supervisor exits 75 with one message and no traceback, and relaunches nothing."""
+    ckpt = tmp_path / "ckpt"
+    command = [sys.executable, *TRAIN, *SMALL, "--epochs", "8", "--seed", "2", "--straggler", "0:15", "--elastic", "-n",
+               "3", "--checkpoint-dir", ckpt, "--checkpoint-every", "1000"]
+    job = Job(3, None, command=[str(a) for a in command], session=True)
+    try:
+        job.wait_for_line(" 2/8  loss")
+        os.killpg(job.proc.pid, signal.SIGINT)
+        result = _ok(job.finish(timeout=120), STOPPED_STATUS)
+    finally:
+        job.kill()
+    text = result.stdout + result.stderr
+    assert text.count("stopped on SIGINT after step ") == 1, text[-3000:]
+    assert "Traceback" not in text and "relaunching" not in text, text[-3000:]
+    step = int(text.split("stopped on SIGINT after step ")[1].split(":")[0])
+    assert checkpoint.load(checkpoint.latest(str(ckpt)))[1]["step"] == step > 0
 
 
 # -- resume at another rank count -----------------------------------------------------------------

@@ -128,7 +128,7 @@ def main(args: Any, config: Any, threads: int, yield_note: str, comm: Any, parse
     def on_epoch(m) -> None:
         say(epoch_line(m, config.epochs))                # the data-parallel run's line
 
-    if config.checkpoint_dir:                            # SIGTERM/SIGUSR1: save at the next step boundary, exit 75
+    if config.checkpoint_dir:                            # SIGTERM/SIGUSR1/SIGINT: save at the next step boundary, exit 75
         trainer.stop = StopSignals(comm)
     try:
         result = trainer.run(on_epoch=on_epoch)

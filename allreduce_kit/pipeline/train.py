@@ -151,7 +151,7 @@ class PipelineTrainer:
         self.carried: Optional[Dict[str, Any]] = None
         #: the epoch under way: this rank's sums so far and when it began (a checkpoint's open epoch)
         self._open: Tuple[np.ndarray, float] = (np.zeros(3), time.perf_counter())
-        #: SIGTERM/SIGUSR1: the ranks' agreement to save and stop (``signals.StopSignals``), set by the CLI
+        #: SIGTERM/SIGUSR1/SIGINT: the ranks' agreement to save and stop (``signals.StopSignals``), set by the CLI
         self.stop: Any = None
         self.times = np.zeros(3)                            # seconds: pipeline, allreduce, update
         self.step_seconds: List[float] = []                 # each step of this run, whole

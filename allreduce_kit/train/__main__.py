@@ -425,7 +425,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     resumed_from = trainer.resumed_from                # --json; a recovery in the job makes a trainer anew
     elastic.ignore_exit_notices()                      # under the supervisor: mpiexec's notices of ranks ending
-    if config.checkpoint_dir and (trainer.strategy is None or trainer.shards is not None):   # SIGTERM/SIGUSR1: save at the next step boundary, exit 75
+    if config.checkpoint_dir and (trainer.strategy is None or trainer.shards is not None):   # SIGTERM/SIGUSR1/SIGINT: save at the next step boundary, exit 75
         trainer.stop = StopSignals(trainer.comm)
     try:
         progress = elastic.report_in(trainer)          # under the supervisor: pid, host, steps done

@@ -17,7 +17,8 @@ read (a corrupt newest checkpoint is moved aside, ``.corrupt``, and the one befo
 a message saying so). A job that ends without a rank dying (a bad option, a non-finite gradient,
 a stop on a signal) is not relaunched: its status is the supervisor's. SIGTERM or SIGUSR1 to the
 supervisor is passed to the job as SIGUSR1 (MPICH's ``mpiexec`` forwards it to every rank): the
-ranks stop at a step boundary with a checkpoint and the supervisor exits 75.
+ranks stop at a step boundary with a checkpoint and the supervisor exits 75. A Ctrl-C reaches the
+launcher from the terminal as well, which passes it on: the supervisor only waits for that stop.
 """
 import argparse
 import atexit
@@ -629,7 +630,15 @@ def _supervise(known, rest: List[str], directory: str, mpiexec: str, report: str
         stopping.append(signum)
         if job is not None and job.proc.poll() is None:
             job.proc.send_signal(signal.SIGUSR1)
+
+    def interrupted(signum, frame) -> None:    # Ctrl-C: the terminal sent it to the launcher too, which
+        if stopping:                           # passes it on; the ranks save and stop. A second: end now
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
+        stopping.append(signum)
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, interrupted)
     try:
         while True:
             placed = _placement(report)        # host -> the ranks of the launch before

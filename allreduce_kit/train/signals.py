@@ -1,7 +1,8 @@
-"""Stop at a step boundary on SIGTERM or SIGUSR1, on every rank at the same step.
+"""Stop at a step boundary on SIGTERM, SIGUSR1 or SIGINT, on every rank at the same step.
 
-A time limit or a preemption (Slurm sends SIGTERM, or the signal asked with ``--signal``) reaches
-the ranks at slightly different moments, perhaps a step apart. Each rank's handler only sets a
+A time limit or a preemption (Slurm sends SIGTERM, or the signal asked with ``--signal``), or a
+Ctrl-C at the terminal (``mpiexec`` passes SIGINT on to every rank), reaches the ranks at
+slightly different moments, perhaps a step apart. Each rank's handler only sets a
 flag. At every step boundary each rank starts a one-integer ``Iallreduce(MAX)`` of its flag on a
 communicator of its own, and at the next boundary waits for the previous one: by then every rank
 has taken part in a whole gradient average since starting it, so the wait costs nothing, and
@@ -25,8 +26,8 @@ __all__ = ["STOPPED_STATUS", "StopSignals", "Stopped", "stop_if_asked"]
 #: The exit status of a run that stopped on a signal after saving a checkpoint (``EX_TEMPFAIL``:
 #: "try again later"); ``--resume`` continues it.
 STOPPED_STATUS = 75
-#: The signals that ask for a stop at the next step boundary.
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+#: The signals that ask for a stop at the next step boundary (a second one ends the process at once).
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 class Stopped(Exception):
@@ -51,6 +52,8 @@ class StopSignals:
         self.request: Optional[MPI.Request] = None
         self.previous: Dict[int, object] = {}
         for signum in signals:
+            if signum == signal.SIGINT and signal.getsignal(signum) == signal.SIG_IGN:
+                continue                           # started to ignore Ctrl-C (``nohup``, a shell's ``&``): it still does
             self.previous[signum] = signal.signal(signum, self._handler)
 
     def _handler(self, signum: int, frame) -> None:

@@ -170,7 +170,7 @@ class Trainer:
         self.saved_step = -1
         self.nan_at = config.inject_nan[1] if config.inject_nan and config.inject_nan[0] == self.rank else 0
         self.history: List[Dict[str, Any]] = []
-        #: Stop at a step boundary on SIGTERM/SIGUSR1 (signals.py), if the caller installed one.
+        #: Stop at a step boundary on SIGTERM/SIGUSR1/SIGINT (signals.py), if the caller installed one.
         self.stop: Optional[StopSignals] = None
         # The epoch under way (its sums so far on this rank, its clock), and one carried over in a checkpoint.
         self._open: Optional[Dict[str, Any]] = None
