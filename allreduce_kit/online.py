@@ -335,7 +335,7 @@ class Tuner:
         try:
             save(self.path, self.layout, c.low, entry)
         except (OSError, ValueError) as error:
-            warnings.warn(f"allreduce(algorithm='auto'): could not save online tuning to {self.path}: {error}")
+            warnings.warn(f"{self.spec.name}(algorithm='auto'): could not save online tuning to {self.path}: {error}")
 
     def report(self, nbytes: int) -> Optional[dict]:
         """What exploration measured for ``nbytes``' class (``None`` until it settled)."""
@@ -385,14 +385,15 @@ def _settings_on_rank_zero() -> object:
         return error
 
 
-def _make(lib) -> Optional[Tuner]:
+def _make(lib, caller: str = "allreduce") -> Optional[Tuner]:
     """Rank 0's setting decides for every rank (a rank with other settings cannot make other
-    choices); ``None`` when online tuning is off."""
-    selection.source_for(lib)  # the table (or the cost model) first: collective the first time
+    choices); ``None`` when online tuning is off. An error names ``caller``, the collective whose
+    first ``auto`` call made it."""
+    selection.source_for(lib, caller)  # the table (or the cost model) first: collective the first time
     auto = lib.state[selection.Auto]
     decided = lib.bcast(_settings_on_rank_zero() if lib.myrank == 0 else None, root=0)
     if isinstance(decided, ValueError):
-        raise ValueError(f"allreduce(algorithm='auto'): {decided}")
+        raise ValueError(f"{caller}(algorithm='auto'): {decided}")
     mode, path = decided
     if mode == "off":
         return None
@@ -432,7 +433,8 @@ def spec_of(name: str) -> Spec:
 
 
 def _make_for(lib, spec: Spec) -> Optional[Tuner]:
-    allreduce_tuner = tuner_for(lib)   # the settings, agreed once per communicator (collective)
+    # the settings, agreed once per communicator (collective)
+    allreduce_tuner = lib.attach(Tuner, lambda lib: _make(lib, spec.name))
     if allreduce_tuner is None:
         return None
     saved = lib.state[selection.Auto].saved

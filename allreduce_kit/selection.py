@@ -226,17 +226,18 @@ def choose_for(lib, nbytes: int) -> str:
     return name
 
 
-def _load_everywhere(lib) -> Auto:
-    """Rank 0 loads the table and broadcasts it; a bad file raises on every rank. Across nodes,
-    the node-aware cost model instead (``multinode.py``), with what online tuning saved: the
-    table's rules are measured on one node."""
+def _load_everywhere(lib, caller: str = "allreduce") -> Auto:
+    """Rank 0 loads the table and broadcasts it; a bad file raises on every rank, naming the
+    collective whose ``auto`` call loaded it (``caller``). Across nodes, the node-aware cost model
+    instead (``multinode.py``), with what online tuning saved: the table's rules are measured on
+    one node."""
     try:
         loaded: object = load() if lib.myrank == 0 else None
     except ValueError as error:
         loaded = error
     loaded = lib.bcast(loaded, root=0)
     if isinstance(loaded, ValueError):
-        raise ValueError(f"allreduce(algorithm='auto'): {loaded}")
+        raise ValueError(f"{caller}(algorithm='auto'): {loaded}")
     table, source = loaded
     if not lib.layout.single_node:
         from .multinode import NodeAware
@@ -260,9 +261,10 @@ def auto_from(table: Table, source: str, size: int) -> Auto:
     return Auto(table[size], f"{source}{where}", within, builtin)
 
 
-def source_for(lib) -> str:
-    """Where ``lib``'s ``auto`` table came from (collective if ``auto`` was not used yet)."""
-    return lib.attach(Auto, _load_everywhere).source
+def source_for(lib, caller: str = "allreduce") -> str:
+    """Where ``lib``'s ``auto`` table came from (collective if ``auto`` was not used yet, when an
+    error names ``caller``)."""
+    return lib.attach(Auto, lambda lib: _load_everywhere(lib, caller)).source
 
 
 def write(path: str, size: int, rules: List[Tuple[int, str]], note: dict) -> dict:

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from allreduce_kit import ALGORITHMS, allreduce, config, library_comm, online, selection
+from allreduce_kit import (ALGORITHMS, allgather, allreduce, broadcast, config, library_comm, online,
+                           reduce_scatter, selection)
 from conftest import assert_quiet
 
 #: Message sizes (bytes) on which the ranks' own files below disagree.
@@ -74,11 +75,22 @@ BROKEN = {
 }
 
 
+#: each collective's first ``auto`` call, on a fresh communicator (the name its errors give)
+FIRST_AUTO_CALL = {
+    "allreduce": lambda comm: allreduce(np.ones(4), algorithm="auto", comm=comm),
+    "reduce_scatter": lambda comm: reduce_scatter(np.ones(4 * comm.Get_size()), comm=comm),
+    "allgather": lambda comm: allgather(np.ones(2), comm=comm),
+    "broadcast": lambda comm: broadcast(np.ones(4), comm=comm),
+}
+
+
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("fault", sorted(BROKEN))
-def test_a_broken_table_on_rank_zero_raises_on_every_rank(comm, tmp_path_factory, monkeypatch, fault):
-    """Only rank 0 reads the file, yet every rank raises the same error naming it, and nothing
-    is left in flight; the other ranks' own setting ('builtin') would have worked."""
+@pytest.mark.parametrize("fault, collective", [(f, "allreduce") for f in sorted(BROKEN)]
+                         + [(sorted(BROKEN)[0], c) for c in ("reduce_scatter", "allgather", "broadcast")])
+def test_a_broken_table_on_rank_zero_raises_on_every_rank(comm, tmp_path_factory, monkeypatch, fault, collective):
+    """Only rank 0 reads the file, yet every rank raises the same error naming it and the
+    collective whose ``auto`` call read it, and nothing is left in flight; the other ranks' own
+    setting ('builtin') would have worked."""
     text, words = BROKEN[fault]
     path = os.path.join(shared_dir(comm, tmp_path_factory), "tuning.json")
     if comm.Get_rank() == 0 and text is not None:
@@ -87,9 +99,9 @@ def test_a_broken_table_on_rank_zero_raises_on_every_rank(comm, tmp_path_factory
     comm.Barrier()
     monkeypatch.setenv(selection.ENV, path if comm.Get_rank() == 0 else "builtin")
     with pytest.raises(ValueError) as raised:
-        allreduce(np.ones(4), algorithm="auto", comm=comm)
+        FIRST_AUTO_CALL[collective](comm)
     message = str(raised.value)
-    assert message.startswith("allreduce(algorithm='auto'): tuning file " + path), message
+    assert message.startswith(f"{collective}(algorithm='auto'): tuning file " + path), message
     assert words in message, message
     assert len(set(comm.allgather(message))) == 1, "ranks raised different errors"
     assert_quiet(comm)
