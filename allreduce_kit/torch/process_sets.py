@@ -116,7 +116,8 @@ def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet
         try:
             state = mpi_ops._State(sub)
         finally:
-            sub.Free()  # the state holds its own duplicate
+            sub.Free()  # the state holds its own duplicate, which is also the set's communicator
+        state.comm = state.dup
         state.threaded = False      # calls on a set run on the caller's thread (or the global worker's)
         ps._state = state
     ps.process_set_id = next(_ids)

@@ -213,3 +213,51 @@ def test_gpipe_and_1f1b_train_as_torch_distributed_pipelining_does_over_gloo(com
                 torch.testing.assert_close(oa, ob, rtol=1e-10, atol=1e-12, msg=lambda m: f"{name} outputs: {m}")
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(P != 4, reason="2 stages x 2 replicas")
+def test_pipelines_side_by_side_with_distributed_optimizer_train_what_one_process_trains(comm):
+    """Data parallelism beside the pipeline, as the docs say to combine them: 2 stages x 2
+    replicas, each replica's pipeline on a process set of its two ranks (``group=``), each stage's
+    gradients averaged over its replicas by ``DistributedOptimizer(process_set=,
+    backward_passes_per_step=M)`` (the schedule runs a backward per micro-batch), each replica
+    on its half of the batch. Every rank's stage holds what one process training the whole model
+    on the whole batch holds (float64, 1e-10), and the two replicas of a stage are bitwise equal."""
+    import allreduce_kit.torch as hvd
+
+    S, D, M, steps = 2, 2, 2, 2
+    stage, replica = divmod(RANK, D)
+    hvd.init()
+    try:
+        pipelines = [hvd.add_process_set([d + D * s for s in range(S)]) for d in range(D)]
+        replicas = [hvd.add_process_set([s * D + d for d in range(D)]) for s in range(S)]
+        model = whole_model(S)
+        reference = copy.deepcopy(model)
+        g = torch.Generator().manual_seed(2)
+        X = torch.randn(16, 64, generator=g, dtype=torch.float64)
+        y = torch.randint(0, 10, (16,), generator=g)
+        rows = slice(replica * 16 // D, (replica + 1) * 16 // D)
+        loss_fn = torch.nn.functional.cross_entropy
+        mine = part(model, stage, S)
+        schedule = Schedule1F1B(PipelineStage(mine, stage, S, group=pipelines[replica]), M, loss_fn=loss_fn)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(mine.parameters(), lr=0.1, momentum=0.9),
+                                       named_parameters=mine.named_parameters(), process_set=replicas[stage],
+                                       backward_passes_per_step=M)   # a backward per micro-batch
+        ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+        for _ in range(steps):
+            opt.zero_grad()
+            schedule.step(X[rows] if stage == 0 else None, target=y[rows] if stage == S - 1 else None)
+            opt.step()
+            ref_opt.zero_grad()
+            loss_fn(reference(X), y).backward()
+            ref_opt.step()
+        for got, expected in zip(mine.parameters(), part(reference, stage, S).parameters()):
+            assert torch.allclose(got, expected, rtol=1e-10, atol=1e-12), stage
+        flat = torch.cat([p.detach().reshape(-1) for p in mine.parameters()])
+        same = hvd.allgather(flat.unsqueeze(0), process_set=replicas[stage])
+        assert torch.equal(same[0], same[1]), "the replicas of a stage differ"
+        for ps in pipelines + replicas:
+            hvd.remove_process_set(ps)
+    finally:
+        hvd.shutdown()
