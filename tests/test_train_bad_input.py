@@ -144,11 +144,13 @@ def _cases(tmp_path: Path):
             ("compression-local-sgd", ["--compression", "powersgd", "--local-sgd", "2"],
              "argument --compression: powersgd compresses plain sync steps only, not with --local-sgd 2"),
             ("compression-pipeline", ["--compression", "fp16", "--pipeline", "2"],
-             "argument --compression: fp16 compresses plain sync steps only, not with --pipeline 2"),
+             "argument --compression: fp16 compresses sync steps (plain or --zero) only, not with --pipeline 2"),
             ("trace-pipeline", ["--pipeline", "2", "--trace", str(tmp_path / "t.json")],
              "argument --trace: not with --pipeline"),
             ("compression-async", async_ps + ["--compression", "fp16"],
-             "argument --compression: fp16 compresses plain sync steps only, not with --mode async-ps")):
+             "argument --compression: fp16 compresses sync steps (plain or --zero) only, not with --mode async-ps"),
+            ("compression-powersgd-zero", ["--compression", "powersgd", "--zero", "1"],
+             "argument --compression: powersgd compresses plain sync steps only, not with --zero 1")):
         cases.append((name, argv, message))
     return [(name, QUICK + argv, message) for name, argv, message in cases]
 

@@ -44,13 +44,15 @@ def problems(args: Any, ranks: int, given: Set[str]) -> Optional[str]:
             return f"argument --{name.replace('_', '-')}: only with --compression powersgd"
     if method == "none":
         return None
-    others = (("--mode", args.mode != "sync", args.mode), ("--zero", args.zero > 0, args.zero),
+    others = (("--mode", args.mode != "sync", args.mode),
+              ("--zero", args.zero > 0 and method == "powersgd", args.zero),   # 16-bit: the reduce-scatters
               ("--backup-workers", args.backup_workers > 0, args.backup_workers),
               ("--local-sgd", args.local_sgd > 1, args.local_sgd),
               ("--pipeline", getattr(args, "pipeline", None) is not None, getattr(args, "pipeline", None)))
+    steps = "plain sync steps" if method == "powersgd" else "sync steps (plain or --zero)"
     for flag, clash, value in others:
         if clash:
-            return f"argument --compression: {method} compresses plain sync steps only, not with {flag} {value}"
+            return f"argument --compression: {method} compresses {steps} only, not with {flag} {value}"
     if method in ("fp16", "bf16"):
         if args.dtype != "float32":
             return f"argument --compression: {method} sends float32 values as 16 bits, not --dtype {args.dtype}"
@@ -113,9 +115,10 @@ class Compressed:
 
 
 def for_trainer(trainer: Any) -> Optional[Compressed]:
-    """The trainer's ``Compressed``, or None for ``--compression none``."""
+    """The trainer's ``Compressed``, or None for ``--compression none`` and with ``--zero`` (whose
+    reduce-scatters send the 16-bit values, ``sharding.py``)."""
     c = trainer.config
-    if c.compression == "none":
+    if c.compression == "none" or c.zero:
         return None
     return Compressed(trainer, c.compression, c.compression_rank, c.compression_start)
 
@@ -126,9 +129,10 @@ def check(config: Any, shapes: Any) -> None:
         raise ValueError(f"Config.compression must be one of {', '.join(METHODS)}, got {config.compression!r}")
     if config.compression in ("fp16", "bf16") and np.dtype(config.dtype) != np.float32:
         raise ValueError(f"Config.compression={config.compression!r} needs Config.dtype float32, got {config.dtype}")
-    if config.compression != "none" and (config.zero or config.backup_workers or config.local_sgd > 1):
+    if config.compression != "none" and (config.backup_workers or config.local_sgd > 1
+                                         or (config.zero and config.compression == "powersgd")):
         raise ValueError(f"Config.compression={config.compression!r} compresses plain sync steps only (not with "
-                         f"zero, backup_workers or local_sgd)")
+                         f"backup_workers or local_sgd; fp16 and bf16 also with zero)")
     if config.compression == "powersgd":
         matrices = [matrix_shape(s) for s in shapes if len(s) >= 2]
         if config.compression_rank < 1 or (matrices and config.compression_rank > max(min(s) for s in matrices)):
@@ -142,7 +146,9 @@ def report(trainer: Any) -> Dict[str, Any]:
     compressed = getattr(trainer, "compressed", None)
     steps = max(trainer.step - trainer.first_step, 0)
     if compressed is None:
-        sent = uncompressed = trainer.sent
+        shards = getattr(trainer, "shards", None)
+        sent = trainer.sent
+        uncompressed = sent + (shards.spared if shards is not None else 0.0)
     else:
         sent, uncompressed = compressed.sent, compressed.uncompressed
     sent, uncompressed = trainer.comm.allreduce(np.array([sent, uncompressed], np.float64)) / p

@@ -147,7 +147,14 @@ class Sharded:
         dtype = model.dtype
         size = self.layout.size
         isz = dtype.itemsize
-        self.algorithms = [reduce_scatter_algorithm(cfg.algorithm, comm, (b - a) * isz) for a, b in self.units]
+        #: ``--compression fp16|bf16``: the gradients' reduce-scatters send 16-bit values, with the
+        #: algorithm ``--zero 0``'s compressed allreduce would run (``auto``: ``compression.choose``)
+        self.wire = cfg.compression if cfg.compression in ("fp16", "bf16") else "none"
+        self.spared = 0.0                                # the bytes the 16-bit values left unsent
+        if self.wire != "none":
+            self.algorithms = [cfg.algorithm] * len(self.units)
+        else:
+            self.algorithms = [reduce_scatter_algorithm(cfg.algorithm, comm, (b - a) * isz) for a, b in self.units]
         # Stage 1 keeps the whole gradient (the backward pass writes it) and reduce-scatters each
         # bucket into its own block of it; stages 2 and 3 keep the reduced blocks only.
         self.grad_shard = np.zeros(size, dtype) if stage >= 2 else None
@@ -254,12 +261,12 @@ class Sharded:
             t.model.forward_backward(X, y)
             a, b = self.units[0]
             reduce_scatter(t.model.grads[a:b], out=self.grad_part(0), op="mean", algorithm=self.algorithms[0],
-                           comm=t.comm)
+                           comm=t.comm, compression=self.wire)
         else:
-            traffic, sent = list(t.traffic), t.sent
+            traffic, sent, spared = list(t.traffic), t.sent, self.spared
             t.model.forward_backward(X, y, self)
             self._settle()
-            t.traffic[:], t.sent = traffic, sent
+            t.traffic[:], t.sent, self.spared = traffic, sent, spared
         if self.stage < 3:
             self._gather_parameters(count=False)
         self.drop_gathered()
@@ -306,13 +313,18 @@ class Sharded:
 
     def _reduce(self, buf: np.ndarray, u: int) -> None:
         """Reduce-scatter unit ``u``'s gradient ``buf``: the average of this rank's block into its place."""
-        reduce_scatter(buf, out=self.grad_part(u), op="mean", algorithm=self.algorithms[u], comm=self.t.comm)
+        reduce_scatter(buf, out=self.grad_part(u), op="mean", algorithm=self.algorithms[u], comm=self.t.comm,
+                       compression=self.wire)
         self._count(buf.nbytes)
 
     def _count(self, nbytes: int) -> None:
+        """A gradient reduce-scatter of ``nbytes``: the bytes it sent (16-bit values: half)."""
         self.t.traffic[0] += 1
         self.t.traffic[1] += nbytes
-        self.t.sent += sent_bytes("reduce_scatter", nbytes, self.ranks)
+        whole = sent_bytes("reduce_scatter", nbytes, self.ranks)
+        sent = whole / 2 if self.wire != "none" else whole
+        self.t.sent += sent
+        self.spared += whole - sent
 
     def _gather_parameters(self, count: bool = True) -> None:
         params = self.t.model.params
@@ -360,7 +372,8 @@ class Sharded:
         if self.nan_next and layer == 0:
             buf[0] = np.nan
         self._reducing[self._gslot] = ireduce_scatter(buf, out=self.layout.part(self.grad_shard, layer), op="mean",
-                                                      algorithm=self.algorithms[layer], comm=self.t.comm)
+                                                      algorithm=self.algorithms[layer], comm=self.t.comm,
+                                                      compression=self.wire)
         self._count(buf.nbytes)
         self._gslot ^= 1
 

@@ -89,6 +89,27 @@ def test_stages_1_and_2_end_bitwise_on_zero_0s_parameters_and_send_what_it_sends
 
 
 @pytest.mark.mpi
+def test_16_bit_reduce_scatters_end_bitwise_on_zero_0s_16_bit_allreduce_and_send_half_the_gradient_bytes(comm):
+    """``--compression fp16`` with ``--zero 1`` and ``2``: the gradients' ring reduce-scatters send
+    16-bit values, and their blocks are bitwise blocks of ``--zero 0``'s compressed ring allreduce
+    (the same messages, stopped before its allgather), so the parameters end bitwise the same;
+    the parameters' allgathers stay float32. Stage 3 trains to within fp16's rounding."""
+    plain, _ = run_and_close(comm, zero=0, optimizer="adam", algorithm="ring", compression="fp16")
+    n, p = 1199 * 4, comm.Get_size()
+    for stage in (1, 2, 3):
+        sharded, trainer = run_and_close(comm, zero=stage, optimizer="adam", algorithm="ring", compression="fp16")
+        record = trainer.result["compression"]
+        if stage < 3:
+            assert np.array_equal(sharded, plain), f"--zero {stage} --compression fp16"
+            assert record["bytes_sent_per_step"] == pytest.approx(1.5 * n * (p - 1) / p)  # half of the reduce-scatter's
+            assert record["uncompressed_bytes_per_step"] == pytest.approx(2 * n * (p - 1) / p)
+        else:
+            assert np.allclose(sharded, plain, rtol=0, atol=1e-3), "--zero 3 --compression fp16"
+        assert record["method"] == "fp16"
+        assert_same_everywhere(comm, sharded)
+
+
+@pytest.mark.mpi
 def test_stage_3_agrees_with_zero_0_to_1e_6_holds_a_shard_and_sends_at_most_half_as_much_again(comm):
     plain, reference = run_and_close(comm, zero=0, optimizer="adam", algorithm="ring")
     sharded, trainer = run_and_close(comm, zero=3, optimizer="adam", algorithm="ring")
