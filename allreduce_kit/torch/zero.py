@@ -80,12 +80,17 @@ class _Bucket:
             p.data = self.flat[a:b].view(p.shape)
 
     def fill(self, into: torch.Tensor) -> None:
-        """Copy the parameters' gradients into ``into`` (``n`` elements); a missing one is zero."""
+        """Copy the parameters' gradients into ``into`` (``n`` elements); a missing one is zero.
+        Dense gradients go through numpy's copy, which moves large blocks faster than ``copy_``."""
+        flat = into.numpy()
         for p, (a, b) in zip(self.params, self.bounds):
-            if p.grad is None:
-                into[a:b].zero_()
+            grad = p.grad
+            if grad is None:
+                flat[a:b] = 0
+            elif grad.layout == torch.strided:
+                np.copyto(flat[a:b], grad.detach().numpy().reshape(-1))
             else:
-                into[a:b].copy_(p.grad.detach().reshape(-1))
+                into[a:b].copy_(grad.detach().reshape(-1))
 
 
 def _buckets(groups: List[Dict[str, Any]], bucket_mb: float, rank: int, size: int) -> List[_Bucket]:
