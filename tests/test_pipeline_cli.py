@@ -21,9 +21,9 @@ REFUSED = [
     (P2 + ["--micro-batches", "3"], "argument --micro-batches: 3 does not divide --batch-size 32"),
     (P2 + ["--hidden", "16,8,4", "--virtual-stages", "2"],
      "argument --virtual-stages: only with --schedule interleaved (got --schedule 1f1b)"),
-    (P2 + ["--schedule", "interleaved", "--micro-batches", "3", "--batch-size", "6"],
-     "argument --micro-batches: --schedule interleaved takes micro-batches in rounds of the 2 stages: M must be "
-     "at most 2 or a multiple of 2, got 3"),
+    (P2 + ["--schedule", "interleaved", "--micro-batches", "5", "--batch-size", "10"],
+     "argument --micro-batches: --schedule interleaved takes micro-batches in max(1, M // S) = 2 equal rounds: "
+     "5 does not divide by 2 (with 2 stages: any M below 4, or a multiple of the round count)"),
     (P2 + ["--hidden", "16,8", "--split", "3"],
      "argument --split: stage start layers must increase strictly within 1..2"),
     (["--micro-batches", "2"], "argument --micro-batches: only with --pipeline"),

@@ -13,8 +13,10 @@ stage k < last receives stage k+1's input gradient.
   alternates one forward and one backward, then drains the backwards. Same bubble as GPipe, at
   most S micro-batches live on any rank.
 - ``interleaved`` (Megatron-LM's interleaved 1F1B): V virtual stages per rank, forwards taken in
-  rounds of S micro-batches chunk by chunk; the bubble shrinks about V-fold. M must be at most S
-  or a multiple of S (Megatron-LM asks the same): other counts leave some rank waiting on itself.
+  rounds of micro-batches chunk by chunk; the bubble shrinks about V-fold. The rounds are
+  ``torch.distributed.pipelining``'s: max(1, M // S) of them, M / rounds micro-batches each, so M
+  must divide by the round count (any M below 2S does; M = S, 2S, ... gives Megatron-LM's rounds
+  of S).
 
 ``simulate`` runs the lists against each other with a cost per action, as the runtime would
 (a rank runs its next action once what it needs has arrived; sends never block), and returns
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from typing import Dict, List, NamedTuple, Optional, Tuple, Union
 
 __all__ = ["Action", "Forward", "Backward", "SCHEDULES", "build", "simulate", "Timeline", "DeadlockError",
-           "stage_of_rank", "rank_of_stage", "gpipe_idle_share", "format_timeline", "tag_of"]
+           "stage_of_rank", "rank_of_stage", "gpipe_idle_share", "format_timeline", "tag_of", "interleaved_rounds"]
 
 #: The ``--schedule`` choices.
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -75,6 +77,22 @@ def stage_of_rank(rank: int, stages: int, virtual: int) -> List[int]:
     return [rank + c * stages for c in range(virtual)]
 
 
+def interleaved_rounds(stages: int, micro_batches: int) -> int:
+    """The interleaved schedule's round count for S = ``stages`` and M = ``micro_batches``,
+    ``torch.distributed.pipelining``'s: max(1, M // S); each round takes M / rounds micro-batches."""
+    return max(1, micro_batches // stages)
+
+
+def interleaved_problem(stages: int, micro_batches: int) -> Optional[str]:
+    """Why the interleaved schedule cannot take M micro-batches over S stages, or None."""
+    rounds = interleaved_rounds(stages, micro_batches)
+    if micro_batches % rounds:
+        return (f"the interleaved schedule takes micro-batches in max(1, M // S) = {rounds} equal rounds: "
+                f"micro_batches={micro_batches} does not divide by {rounds} (with {stages} stages: any M below "
+                f"{2 * stages}, or a multiple of the round count)")
+    return None
+
+
 def _check(stages: int, micro_batches: int, virtual: int, schedule: str) -> None:
     for name, value in (("stages", stages), ("micro_batches", micro_batches), ("virtual_stages", virtual)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -85,9 +103,9 @@ def _check(stages: int, micro_batches: int, virtual: int, schedule: str) -> None
         raise ValueError(f"virtual_stages={virtual} needs schedule 'interleaved', got {schedule!r}")
     if virtual > 1 and stages < 2:
         raise ValueError("virtual_stages > 1 needs at least 2 stages (a rank would send to itself)")
-    if schedule == "interleaved" and micro_batches > stages and micro_batches % stages:
-        raise ValueError(f"the interleaved schedule takes micro-batches in rounds of the stage count: "
-                         f"micro_batches={micro_batches} must be at most {stages} or a multiple of it")
+    problem = interleaved_problem(stages, micro_batches) if schedule == "interleaved" else None
+    if problem:
+        raise ValueError(problem)
 
 
 def _gpipe(rank: int, S: int, M: int) -> List[Action]:
@@ -103,18 +121,20 @@ def _one_f_one_b(rank: int, S: int, M: int) -> List[Action]:
 
 
 def _interleaved(rank: int, S: int, M: int, V: int) -> List[Action]:
-    # Forwards in rounds of (up to) S micro-batches: each round through chunk 0, then chunk 1, ...;
-    # backwards likewise with the chunks in reverse (Megatron-LM's order).
+    # Forwards in equal rounds of micro-batches: each round through chunk 0, then chunk 1, ...;
+    # backwards likewise with the chunks in reverse (Megatron-LM's order). The warm-up is
+    # torch.distributed.pipelining's: (V - 1) rounds' chunks, and 2 more per hop from the last rank.
+    per_round = M // interleaved_rounds(S, M)
     fwd: List[Action] = []
     bwd: List[Action] = []
-    for first in range(0, M, S):
-        group = range(first, min(first + S, M))
+    for first in range(0, M, per_round):
+        group = range(first, first + per_round)
         for c in range(V):
             fwd += [Forward(mb, rank + c * S) for mb in group]
         for c in reversed(range(V)):
             bwd += [Backward(mb, rank + c * S) for mb in group]
     total = len(fwd)
-    warm = min((S - rank - 1) * 2 + (V - 1) * S if V > 1 else S - rank - 1, total)   # V = 1: 1F1B
+    warm = min((S - rank - 1) * 2 + (V - 1) * per_round if V > 1 else S - rank - 1, total)   # V = 1: 1F1B
     out = fwd[:warm]
     for i in range(total - warm):
         out += [fwd[warm + i], bwd[i]]

@@ -1,7 +1,7 @@
 """Inside an MPI job: pipeline parallelism (S stages x D replicas) trains what one rank trains.
 
 For every schedule (GPipe, 1F1B, interleaved with V = 2; with V = 1 it is 1F1B's list), S stages, M in {1, S, 4S}
-micro-batches and D replicas, the parameters after a few steps agree with one rank's training on
+micro-batches (and 2S - 1, one round, for interleaved) and D replicas, the parameters after a few steps agree with one rank's training on
 the same global batch to 1e-6 (float64; bitwise at M = 1 and D = 1, where no addition is
 reordered), every replica of a stage holds bitwise the same parameters, and no message is left
 behind; 1F1B runs on the replica-major placement of the grid, the others stage-major. Grids (S x D) per rank count: 2: 2x1; 3: 3x1; 4: 4x1; 5: 2x2 (on 4 of the 5); 8: 4x2 and
@@ -76,6 +76,17 @@ def test_every_schedule_trains_what_one_rank_trains(comm):
                     elif schedule == "1f1b":
                         assert peak == [min(S - s, M) for s in range(S)], where
                     assert all(0 <= share < 1 for share in result["pipeline"]["idle_share"]), where
+            if S * 2 <= len(HIDDEN) + 1:   # interleaved in one round of 2S - 1 micro-batches, as torch takes them
+                M = 2 * S - 1
+                odd = config(S, batch_size=2 * M)
+                trainer = PipelineTrainer(odd, PipelineSettings(S, M, "interleaved", 2), sub, dataset=DIGITS)
+                try:
+                    result = trainer.run()
+                    got = trainer.full_parameters()
+                finally:
+                    trainer.close()
+                assert result["replicas_identical"]
+                np.testing.assert_allclose(got, one_rank(odd, D), rtol=1e-6, atol=1e-9, err_msg=str((S, D, M)))
         finally:
             sub.Free()
 

@@ -89,7 +89,7 @@ def test_a_stage_on_the_wrong_rank_is_refused_before_any_message(comm):
         Schedule1F1B(PipelineStage(torch.nn.Linear(2, 2), RANK, 2 * P, group=comm), 2, loss_fn=sum)
     with pytest.raises(ValueError, match="ScheduleInterleaved1F1B: the interleaved schedule takes micro-batches"):
         ScheduleInterleaved1F1B([PipelineStage(torch.nn.Linear(2, 2), RANK + j * P, 2 * P, group=comm)
-                                 for j in range(2)], P + 1, loss_fn=sum)
+                                 for j in range(2)], 2 * P + 1, loss_fn=sum)
 
 
 @pytest.mark.mpi
