@@ -6,7 +6,10 @@ ranks, in turn, in the same processes:
 - ``floor``: plain Adam, no communication: the least any data-parallel step can take;
 - ``zero1``: ``allreduce_kit.torch.ZeroRedundancyOptimizer(stage=1)`` (gradients
   reduce-scattered in ``step()``, each rank updates its block, parameters allgathered);
-- ``zero2``: the same with ``stage=2`` (gradient buckets reduce-scattered during backward);
+- ``zero2``: the same with ``stage=2`` (gradient buckets reduce-scattered during backward, by
+  default in backward's hook where no core is spare);
+- ``zero2+overlap``: ``stage=2, overlap=True`` (each bucket's reduce-scatter on the progress
+  thread while backward goes on);
 - ``fully_shard``: ``allreduce_kit.torch.fully_shard`` on the model and plain Adam over its blocks
   (stage 3: each layer gathered before its forward and backward);
 - ``torch_zero``: ``torch.nn.parallel.DistributedDataParallel`` over Gloo (its defaults) and
@@ -40,8 +43,8 @@ import torch.nn.functional as F
 import allreduce_kit.torch as hvd   # does not start MPI: hvd.init() does, in main()
 from allreduce_kit.cli import RankZeroParser
 
-VERSIONS = ("floor", "zero1", "zero2", "fully_shard", "torch_zero")
-OURS = ("zero1", "zero2", "fully_shard")
+VERSIONS = ("floor", "zero1", "zero2", "zero2+overlap", "fully_shard", "torch_zero")
+OURS = ("zero1", "zero2", "zero2+overlap", "fully_shard")
 #: ``version``'s step at most ``at_most`` x torch_zero's, by each measure
 TARGETS = {"zero1": 0.5, "zero2": 0.5}
 
@@ -101,6 +104,8 @@ def run_model(name: str, args, comm, sibling) -> Dict:
         "floor": torch.optim.Adam(models["floor"].parameters(), **adam),
         "zero1": hvd.ZeroRedundancyOptimizer(models["zero1"].parameters(), torch.optim.Adam, stage=1, **adam),
         "zero2": hvd.ZeroRedundancyOptimizer(models["zero2"].parameters(), torch.optim.Adam, stage=2, **adam),
+        "zero2+overlap": hvd.ZeroRedundancyOptimizer(models["zero2+overlap"].parameters(), torch.optim.Adam, stage=2,
+                                                     overlap=True, **adam),
         "fully_shard": torch.optim.Adam(sharded.parameters(), **adam),
         "torch_zero": TorchZero(ddp.parameters(), torch.optim.Adam, **adam),
     }
@@ -125,7 +130,7 @@ def lines(result: Dict, ranks: int) -> List[str]:
     out = [f"{result['model']} ({result['parameters']:,d} parameters), {adam}, batch {result['batch_per_rank']} per rank, "
            f"{ranks} ranks; median of {result['rounds']} x {result['steps']} steps, and wall per step:"]
     for v, row in result["versions"].items():
-        text = (f"  {v:<12} step {row['step_ms_p50']:9.3f} ms  wall {row['step_ms_wall']:9.3f} ms"
+        text = (f"  {v:<14} step {row['step_ms_p50']:9.3f} ms  wall {row['step_ms_wall']:9.3f} ms"
                 f"  optimizer.step() {row['optimizer_step_ms_p50']:8.3f} ms")
         if v != "floor":
             text += (f"  overhead {row['overhead_ms_p50']:8.3f} ms  step/torch_zero {row['step_ratio_to_torch_zero']:5.2f}x"

@@ -64,6 +64,7 @@ import numpy as np
 from llvmlite import ir
 from mpi4py import MPI
 from numba import njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .. import config
@@ -99,6 +100,19 @@ def _process_vm_call(typingctx, function, pid, local, remote):
         one, zero = ir.Constant(i64, 1), ir.Constant(i64, 0)
         fn = builder.inttoptr(args[0], fnty.as_pointer())
         return builder.call(fn, [builder.trunc(args[1], ir.IntType(32)), args[2], one, args[3], one, zero])
+
+    return sig, codegen
+
+
+@intrinsic
+def _memcpy(typingctx, dst, src, nbytes):
+    """Copy ``nbytes`` bytes from address ``src`` to address ``dst`` (this process's memory)."""
+    sig = types.void(types.int64, types.int64, types.int64)
+
+    def codegen(context, builder, signature, args):
+        i8p = ir.IntType(8).as_pointer()
+        cgutils.raw_memcpy(builder, builder.inttoptr(args[0], i8p), builder.inttoptr(args[1], i8p), args[2], 1)
+        return context.get_dummy_value()
 
     return sig, codegen
 
@@ -208,6 +222,27 @@ def pull(state, peer, dst, address, iov):
 def push(state, peer, src, address, iov):
     """Copy ``src`` to ``address`` in ``peer``'s memory; 0, or -1 if the write failed."""
     return _transfer(state[6], state, peer, src, address, iov)
+
+
+@njit(cache=True, nogil=True)
+def pull_parts(state, peer, dst, start, offsets, addresses, iov):
+    """Copy elements ``start .. start + dst.size`` of a buffer held in parts into ``dst``: part j
+    is elements ``offsets[j] .. offsets[j + 1]``, at ``addresses[j]`` in ``peer``'s memory (in
+    this process's, by a plain copy, when ``peer`` is this rank). 0, or -1 if a read failed."""
+    size, isz = dst.size, dst.itemsize
+    j = np.searchsorted(offsets, start, side="right") - 1
+    done = 0
+    while done < size:
+        at = start + done
+        take = min(size - done, offsets[j + 1] - at)
+        address = addresses[j] + (at - offsets[j]) * isz
+        if peer == state[0]:
+            _memcpy(dst[done:].ctypes.data, address, take * isz)
+        elif pull(state, peer, dst[done:done + take], address, iov) != 0:
+            return -1
+        done += take
+        j += 1
+    return 0
 
 
 @njit(cache=True, nogil=True)

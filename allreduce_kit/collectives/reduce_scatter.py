@@ -1,6 +1,6 @@
 """``reduce_scatter``: every rank's buffer reduced, rank r keeping block r of the result."""
 from threading import get_ident as _ident
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -148,3 +148,30 @@ def _kept(lib, runs: str, buf: np.ndarray, reduction):
 
 #: ``[the call kept last]`` (``Again``) or ``None``.
 _LAST: list = [None]
+
+
+def reduce_scatter_parts(parts: Sequence[np.ndarray], out: np.ndarray, buffer: Callable[[int], np.ndarray], *,
+                         op: str = "sum", comm: Optional[MPI.Intracomm] = None) -> np.ndarray:
+    """``reduce_scatter`` of ``parts`` laid end to end, into ``out``, for a caller that keeps its
+    data in several arrays (a model's gradients): where ``auto``'s table runs ``pairwise`` with
+    direct reads (one node, 64 KiB and more), ``pairwise`` reads every rank's parts where they
+    are and nothing is copied into one buffer first, bitwise what it gives on the parts laid end
+    to end; elsewhere the parts are copied into ``buffer(n)`` (an array of n elements) and
+    ``reduce_scatter`` runs as usual.
+
+    For callers that have made sure of the call on every rank (the parts' lengths and dtype, the
+    op): ``parts`` are 1-D C-contiguous arrays of one dtype, ``out`` this rank's block
+    (``shard_bounds``) of their total length. Collective."""
+    lib = library_comm(comm)
+    n = sum(part.size for part in parts)
+    what = f"{CALLER}({len(parts)} parts, {n} x {out.dtype})"
+    with watched(lib, what, None):
+        if (lib.nranks > 1 and n and lib.layout.single_node
+                and registry.choose(lib, n * out.itemsize) == "pairwise"
+                and registry.pairwise.parts(lib, parts, out, lib.reductions[op])):
+            return out
+    flat, at = buffer(n), 0
+    for part in parts:
+        np.copyto(flat[at:at + part.size], part)
+        at += part.size
+    return reduce_scatter(flat, out, op=op, comm=comm, check=False)

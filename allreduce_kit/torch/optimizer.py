@@ -67,7 +67,7 @@ def overlap_choice(overlap: Optional[bool], nbytes: int = 0) -> Tuple[bool, str]
     layout, threads = s.layout, torch.get_num_threads()
     cores = layout.cores_per_node[layout.node]
     where = f"{layout.local_size} ranks x {threads} torch thread{'s' if threads > 1 else ''} on {cores} cores"
-    if _core_to_spare(s):
+    if core_to_spare(s):
         return True, f"a core to spare for it ({where})"
     if nbytes > BUCKET_MB * 1e6:
         return True, f"{nbytes / 1e6:.1f} MB of gradients, more than one {BUCKET_MB:g} MB bucket ({where})"
@@ -75,7 +75,7 @@ def overlap_choice(overlap: Optional[bool], nbytes: int = 0) -> Tuple[bool, str]
                    f"bucket at most; overlap=True forces it")
 
 
-def _core_to_spare(s) -> bool:
+def core_to_spare(s) -> bool:
     """Whether this node (and machine) has a core for a background thread beyond its ranks' torch
     threads: this rank's share of the cores (``Topology.threads``, the user's setting aside) has one."""
     return s.layout.threads({}) >= torch.get_num_threads() + 1
@@ -200,7 +200,7 @@ class _DistributedOptimizer:
         self._background = background and len(self._buckets) > 1
         if s.size > 1 and compression is Compression.none:
             _into_window(self, s)
-            if self._background and not _core_to_spare(s):   # the thread shares busy cores: no spinning
+            if self._background and not core_to_spare(s):   # the thread shares busy cores: no spinning
                 for shared in {id(b.shared): b.shared for b in self._buckets if b.shared is not None}.values():
                     shared.yield_while_waiting()
         if s.size > 1:

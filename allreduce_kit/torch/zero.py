@@ -8,11 +8,15 @@ every bucket by the package's one block rule (``allreduce_kit.shard_bounds``), a
 optimizer (``optimizer_class``, made on this rank only) steps one tensor per bucket: a view of
 that block. A step:
 
-1. each bucket's gradients are averaged by ``reduce_scatter`` (mean): rank r receives block r
-   of the average, the gradient of its block. Stage 1 does it in ``step()``; stage 2 while
-   backward runs (a hook counts each parameter's gradient in, and a bucket whose gradients are
-   all in is copied into a buffer of its own, its parameters' ``.grad`` are dropped, and its
-   ``ireduce_scatter`` starts), so the full-size gradients are not kept beyond a bucket in flight;
+1. each bucket's gradients are averaged by reduce-scatter (mean): rank r receives block r of
+   the average, the gradient of its block. On one node the ranks read each other's gradients
+   where backward left them (``reduce_scatter_parts``); elsewhere they are copied into one
+   buffer first. Stage 1 does it in ``step()``; stage 2 while backward runs: a hook counts each
+   parameter's gradient in, and a bucket whose gradients are all in is reduced and its
+   parameters' ``.grad`` are dropped, so the full-size gradients are not kept beyond a bucket.
+   Where the node has a core to spare (``overlap``) the bucket is copied into a buffer of its
+   own and its ``ireduce_scatter`` runs on the progress thread while backward goes on; else it
+   is reduced in the hook, on the calling thread;
 2. the wrapped optimizer updates this rank's blocks (its state is that of the blocks only);
 3. each bucket is ``allgather``-ed in place: every rank's parameters are whole again.
 
@@ -32,10 +36,11 @@ from mpi4py import MPI
 from ..blocks import block as block_of
 from ..blocks import counts as block_counts
 from ..collectives.allgather import allgather
-from ..collectives.reduce_scatter import reduce_scatter
+from ..collectives.reduce_scatter import reduce_scatter_parts
 from ..nonblocking import Handle, ireduce_scatter
 from ..stall import INSPECTOR
 from . import mpi_ops, tensors
+from .optimizer import core_to_spare
 
 CALLER = "ZeroRedundancyOptimizer"
 #: Default bucket size in MB (10^6 bytes), ``DistributedOptimizer``'s.
@@ -79,18 +84,27 @@ class _Bucket:
         for p, (a, b) in zip(self.params, self.bounds):
             p.data = self.flat[a:b].view(p.shape)
 
-    def fill(self, into: torch.Tensor) -> None:
-        """Copy the parameters' gradients into ``into`` (``n`` elements); a missing one is zero.
-        Dense gradients go through numpy's copy, which moves large blocks faster than ``copy_``."""
-        flat = into.numpy()
+    def parts(self) -> List[np.ndarray]:
+        """The parameters' gradients, in bucket order, as 1-D numpy arrays over their memory
+        where they are dense and contiguous; a missing gradient as zeros, any other as a dense
+        contiguous copy."""
+        out = []
         for p, (a, b) in zip(self.params, self.bounds):
             grad = p.grad
             if grad is None:
-                flat[a:b] = 0
-            elif grad.layout == torch.strided:
-                np.copyto(flat[a:b], grad.detach().numpy().reshape(-1))
-            else:
-                into[a:b].copy_(grad.detach().reshape(-1))
+                out.append(np.zeros(b - a, self.flat.numpy().dtype))
+                continue
+            grad = grad.detach()
+            if grad.layout != torch.strided:
+                grad = grad.to_dense()
+            out.append(grad.contiguous().numpy().reshape(-1))
+        return out
+
+    def fill(self, into: np.ndarray) -> None:
+        """Copy the parameters' gradients into ``into`` (``n`` elements), with numpy's copy, which
+        moves large blocks faster than torch's ``copy_``; a missing one is zero."""
+        for part, (a, b) in zip(self.parts(), self.bounds):
+            np.copyto(into[a:b], part)
 
 
 def _buckets(groups: List[Dict[str, Any]], bucket_mb: float, rank: int, size: int) -> List[_Bucket]:
@@ -182,7 +196,10 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     Keyword-only: ``stage`` 1 (default: gradients reduce-scattered in ``step()``) or 2 (during
     backward; each rank keeps its block of them only; several backward passes before a step
     accumulate, as ``.grad`` does); ``bucket_mb`` (default ``BUCKET_MB``; 0: one bucket per group
-    and dtype). ``step()``, ``zero_grad()``, ``consolidate_state_dict(to)``, ``state_dict()``
+    and dtype); ``overlap`` (stage 2): each bucket reduced on the progress thread while backward
+    goes on (True) or in backward's hook on the calling thread (False); by default True where
+    the node has a core to spare beyond its ranks' torch threads (``DistributedOptimizer``'s
+    rule): with every core computing, the thread only takes time from backward. ``step()``, ``zero_grad()``, ``consolidate_state_dict(to)``, ``state_dict()``
     (on rank ``to``: every parameter's state, in ``torch.optim``'s format, as a plain
     ``optimizer_class`` on one process would hold it), ``load_state_dict()`` (that format, from
     any run at any rank count). ``add_param_group`` after construction is not supported.
@@ -190,7 +207,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, optimizer_class: type, process_group: Any = None, parameters_as_bucket_view: bool = False,
                  overlap_with_ddp: bool = False, *, stage: int = 1, bucket_mb: Optional[float] = None,
-                 **defaults: Any):
+                 overlap: Optional[bool] = None, **defaults: Any):
         self._initialized = False
         s = mpi_ops.state()
         self._mpi = s
@@ -217,6 +234,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             if overlap_with_ddp is not False:
                 raise ValueError(f"{CALLER}: overlap_with_ddp=True is not supported (it needs DDP's communication "
                                  f"hook); stage=2 reduces the gradients during backward without DDP")
+            if overlap is not None and not isinstance(overlap, bool):
+                raise TypeError(f"{CALLER}: overlap must be None, True or False, got {overlap!r}")
             chosen_stage = _stage_argument(stage)
             mb = BUCKET_MB if bucket_mb is None else _bucket_mb_argument(bucket_mb)
             torch.optim.Optimizer.__init__(self, listed, dict(defaults))
@@ -243,7 +262,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                     "group settings": [repr(sorted((k, repr(v)) for k, v in group.items() if k != "params"))
                                        for group in groups],
                     "optimizer_class": f"{optimizer_class.__module__}.{optimizer_class.__qualname__}",
-                    "stage": chosen_stage, "bucket_mb": mb}
+                    "stage": chosen_stage, "bucket_mb": mb, "overlap": overlap}
 
         self._stage, self._bucket_mb, self._buckets, self.optim = mpi_ops.begin(CALLER, True, validate, describe)
         #: the process set's communicator, as ``process_group`` would be PyTorch's
@@ -265,6 +284,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         for bucket in self._buckets:
             bucket.point_parameters()
         self._scratch: Optional[torch.Tensor] = None
+        #: stage 2: each bucket's reduce-scatter runs on the progress thread while backward goes on
+        #: (True) or in backward's hook, on the calling thread (False)
+        self._overlap = core_to_spare(s) if overlap is None else overlap
         # stage 2: gradients counted in per bucket, buckets launched this pass, reductions in flight
         self._ready = [0] * len(self._buckets)
         self._launched = 0
@@ -308,49 +330,72 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             self._ready = [0] * len(self._buckets)
 
     def _launch(self, k: int) -> None:
-        """Copy bucket ``k``'s gradients into a buffer of their own, drop the parameters' ``.grad``,
-        and start the buffer's reduce-scatter (mean) into a block of this rank's."""
+        """Copy bucket ``k``'s gradients into a flat buffer, drop the parameters' ``.grad``, and
+        reduce-scatter (mean) the buffer into this rank's block: at once, on this thread, from the
+        buffer stage 1 uses (``overlap`` off), or started on the progress thread from a buffer of
+        its own, waited for in ``step()``."""
         bucket = self._buckets[k]
+        if not self._overlap:
+            first = not self._reduced[k]
+            out = bucket.grad if first else torch.empty(bucket.hi - bucket.lo, dtype=bucket.dtype)
+            self._reduce(bucket, out)
+            for p in bucket.params:
+                p.grad = None
+            self._land(k, out, first)
+            return
         flat = tensors.empty((bucket.n,), bucket.dtype)
-        bucket.fill(flat)
+        bucket.fill(flat.numpy())
         for p in bucket.params:
             p.grad = None
         out = torch.empty(bucket.hi - bucket.lo, dtype=bucket.dtype)
         handle = ireduce_scatter(flat.numpy(), out.numpy(), op="mean", comm=self._mpi.dup, check=False)
         self._in_flight.append((k, handle, flat, out))
 
+    def _land(self, k: int, out: torch.Tensor, into: bool = False) -> None:
+        """Bucket ``k``'s reduced block ``out`` of one backward pass: the block's gradient, or added
+        to it after the step's first pass (``into``: ``out`` is already the block's gradient)."""
+        bucket = self._buckets[k]
+        if self._reduced[k]:
+            bucket.grad.add_(out)
+        elif not into:
+            bucket.grad.copy_(out)
+        self._reduced[k] = True
+
     def _finish_stage2(self) -> None:
         """In ``step()``: launch what the last pass left (a gradient not produced counts as zero;
         with no pass since the last step, every bucket from ``.grad`` as it is), then wait for every
-        reduction and add each into its bucket's block of the gradient."""
-        if self._launched or any(self._ready) or not self._in_flight:
+        reduction still in flight and add each into its bucket's block of the gradient."""
+        if self._launched or any(self._ready) or not (self._in_flight or any(self._reduced)):
             for k in range(self._launched, len(self._buckets)):
                 self._launch(k)
         self._launched, self._ready = 0, [0] * len(self._buckets)
         done, self._in_flight = self._in_flight, []
-        self._reduced = [False] * len(self._buckets)
         for k, handle, _, out in done:
             handle.wait()
-            bucket = self._buckets[k]
-            if self._reduced[k]:
-                bucket.grad.add_(out)
-            else:
-                bucket.grad.copy_(out)
-                self._reduced[k] = True
+            self._land(k, out)
 
     # -- stage 1: in step() ------------------------------------------------------------------------
+    def _flat_for(self, bucket: _Bucket) -> torch.Tensor:
+        """A flat buffer of ``bucket``'s length and dtype, kept between calls (one for the largest
+        bucket of each dtype in turn)."""
+        if self._scratch is None or self._scratch.numel() < bucket.n or self._scratch.dtype != bucket.dtype:
+            self._scratch = tensors.empty((max(b.n for b in self._buckets if b.dtype == bucket.dtype),),
+                                          bucket.dtype)
+        return self._scratch[:bucket.n]
+
+    def _reduce(self, bucket: _Bucket, out: torch.Tensor) -> None:
+        """The mean over the ranks of ``bucket``'s gradients, this rank's block into ``out``: read
+        where the gradients are where the ranks can read each other's memory, else copied into
+        one buffer first (``reduce_scatter_parts``)."""
+        reduce_scatter_parts(bucket.parts(), out.numpy(), lambda n: self._flat_for(bucket).numpy(), op="mean",
+                             comm=self._mpi.dup)
+
     def _reduce_in_step(self) -> None:
-        s = self._mpi
         for bucket in self._buckets:
-            if s.size == 1:   # the block is the bucket: its gradients are the average
-                bucket.fill(bucket.grad)
-                continue
-            if self._scratch is None or self._scratch.numel() < bucket.n or self._scratch.dtype != bucket.dtype:
-                self._scratch = tensors.empty((max(b.n for b in self._buckets if b.dtype == bucket.dtype),),
-                                              bucket.dtype)
-            flat = self._scratch[:bucket.n]
-            bucket.fill(flat)
-            reduce_scatter(flat.numpy(), bucket.grad.numpy(), op="mean", comm=s.dup, check=False)
+            if self._mpi.size == 1:   # the block is the bucket: its gradients are the average
+                bucket.fill(bucket.grad.numpy())
+            else:
+                self._reduce(bucket, bucket.grad)
 
     # -- what the user calls -----------------------------------------------------------------------
     def step(self, closure: Optional[Callable[[], Any]] = None, **kwargs: Any) -> Any:
@@ -374,6 +419,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._copy_settings(self.optim.param_groups, self.param_groups)
         for bucket in self._buckets:
             bucket.shard.grad = None
+        self._reduced = [False] * len(self._buckets)
         if s.size > 1:
             for bucket in self._buckets:
                 if bucket.n:
@@ -384,7 +430,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """``torch.optim.Optimizer.zero_grad`` of every parameter; refused in stage 2 while a
         backward pass's gradients are being reduced (call it before backward, or after step)."""
-        if self._in_flight or self._launched or any(self._ready):
+        if self._in_flight or self._launched or any(self._ready) or any(self._reduced):
             raise RuntimeError(f"{CALLER}: zero_grad() was called after backward() and before step(), while "
                                f"gradients are being reduced; call it before backward()")
         super().zero_grad(set_to_none)

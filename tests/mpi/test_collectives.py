@@ -13,6 +13,7 @@ from allreduce_kit import OPS, allgather, blocks, broadcast, reduce_scatter, sha
 from allreduce_kit.algorithms import allgather as allgathers
 from allreduce_kit.algorithms import broadcast as broadcasts
 from allreduce_kit.algorithms import reduce_scatter as reduce_scatters
+from allreduce_kit.comm import library_comm
 from allreduce_kit.stall import INSPECTOR
 from conftest import EVERY_COMBINATION_UP_TO, assert_quiet, assert_same_everywhere, cases, release
 from test_allreduce import DTYPES, float_tolerance, local_values, oracle
@@ -286,6 +287,39 @@ def test_pairwise_reduce_scatter_gives_the_bits_of_two_shot(comm):
         x = local_values(n, "float32", comm.Get_rank())
         reduced = allreduce(x.copy(), algorithm="two_shot", comm=comm)
         assert np.array_equal(reduce_scatter(x, algorithm="pairwise", comm=comm), own_block(reduced, comm))
+    assert_quiet(comm)
+
+
+@pytest.mark.mpi
+def test_reduce_scatter_of_parts_is_pairwise_on_the_parts_laid_end_to_end(comm):
+    """``reduce_scatter_parts``, a model's gradients reduced where they lie: for parts of awkward
+    lengths (empty ones, parts that a block starts or ends inside, more parts than elements per
+    rank), small and large, every op and float dtype, block r is bitwise ``pairwise``'s on the
+    concatenation where ``auto`` would run ``pairwise`` on one node (read from the parts, no
+    buffer asked for), else MPI's result (the parts copied into the buffer, then
+    ``reduce_scatter``)."""
+    from allreduce_kit.collectives.reduce_scatter import reduce_scatter_parts
+
+    p, rank = comm.Get_size(), comm.Get_rank()
+    for sizes in ((3, 0, 7, 1, 2), (LARGE, 0, 1, 2 * LARGE + 1, 5), (40000, 40000)):
+        for dtype, op in itertools.product(("float32", "float64"), ("sum", "mean", "max")):
+            parts = [local_values(n, dtype, rank * 31 + i) for i, n in enumerate(sizes)]
+            whole = np.concatenate(parts)
+            lo, hi = shard_bounds(whole.size, p)[rank:rank + 2]
+            asked = []
+
+            def buffer(n):
+                asked.append(n)
+                return np.empty(n, dtype)
+
+            got = reduce_scatter_parts(parts, np.empty(hi - lo, dtype), buffer, op=op, comm=comm)
+            direct = p > 1 and reduce_scatters.choose(library_comm(comm), whole.nbytes) == "pairwise"
+            if direct:
+                assert np.array_equal(got, reduce_scatter(whole, op=op, algorithm="pairwise", comm=comm))
+            else:
+                assert np.all(np.abs(got - own_block(oracle(comm, whole, op), comm))
+                              <= own_block(float_tolerance(comm, whole, op), comm)), (sizes, dtype, op)
+            assert asked == ([] if direct else [whole.size]), (sizes, dtype, op)
     assert_quiet(comm)
 
 

@@ -70,12 +70,12 @@ def assert_nothing_in_flight():
 # -- ZeroRedundancyOptimizer ---------------------------------------------------------------------
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("stage", [1, 2])
-def test_zero_on_p_ranks_trains_as_one_process_and_its_state_is_the_plain_optimizers(stage):
+@pytest.mark.parametrize("stage,overlap", [(1, None), (2, True), (2, False)])
+def test_zero_on_p_ranks_trains_as_one_process_and_its_state_is_the_plain_optimizers(stage, overlap):
     for optimizer_class, settings in (SGD, ADAM):
         net, reference = mlp(), mlp()
         zero = hvd.ZeroRedundancyOptimizer(net.parameters(), optimizer_class, stage=stage, bucket_mb=0.0003,
-                                           **settings)
+                                           overlap=overlap, **settings)
         assert len(zero._buckets) > 1, "the test means several buckets"
         plain = optimizer_class(reference.parameters(), **settings)
         for x, y in batches():
@@ -100,6 +100,40 @@ def test_zero_on_p_ranks_trains_as_one_process_and_its_state_is_the_plain_optimi
         else:
             with pytest.raises(RuntimeError, match=r"consolidate_state_dict\(to="):
                 zero.state_dict()
+
+
+class WithUnused(nn.Module):
+    """17,030 + 393 parameters in use (a bucket past 64 KiB: on one node the ranks read each
+    other's gradients where backward left them) and a layer whose gradient backward never makes."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(11)
+        self.big, self.out, self.unused = nn.Linear(130, 130), nn.Linear(130, 3), nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.big(x)))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("stage,overlap", [(1, None), (2, True), (2, False)])
+def test_zero_with_a_large_bucket_and_a_gradient_never_made_trains_as_one_process(stage, overlap):
+    net, reference = WithUnused(), WithUnused()
+    zero = hvd.ZeroRedundancyOptimizer(net.parameters(), torch.optim.SGD, stage=stage, overlap=overlap,
+                                       lr=0.05, momentum=0.9)
+    plain = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(2)
+    for _ in range(STEPS):
+        x, y = torch.randn(P * BATCH, 130, generator=g), torch.randn(P * BATCH, 3, generator=g)
+        zero.zero_grad()
+        plain.zero_grad()
+        loss(net, mine(x), mine(y)).backward()
+        loss(reference, x, y).backward()
+        zero.step()
+        plain.step()
+        assert_nothing_in_flight()
+    for (name, a), b in zip(net.named_parameters(), reference.parameters()):
+        assert_close(a, b, f"stage {stage}: {name}")
 
 
 @pytest.mark.mpi
@@ -127,11 +161,15 @@ def test_zero_loads_a_plain_optimizers_state_and_goes_on_as_it_does():
 
 
 @pytest.mark.mpi
-def test_zero_accumulates_backward_passes_in_stage_2():
+@pytest.mark.parametrize("overlap", [True, False])
+def test_zero_accumulates_backward_passes_in_stage_2(overlap):
+    """Two backward passes, a step, then zero_grad() after a backward pass refused (its gradients
+    are already on their way)."""
     net, reference = mlp(), mlp()
-    zero = hvd.ZeroRedundancyOptimizer(net.parameters(), torch.optim.SGD, stage=2, bucket_mb=0.0003, lr=0.1)
+    zero = hvd.ZeroRedundancyOptimizer(net.parameters(), torch.optim.SGD, stage=2, bucket_mb=0.0003,
+                                       overlap=overlap, lr=0.1)
     plain = torch.optim.SGD(reference.parameters(), lr=0.1)
-    (x, y), (x2, y2) = batches()[:2]
+    (x, y), (x2, y2), (x3, y3) = batches()[:3]
     for inputs, targets in ((x, y), (x2, y2)):
         loss(net, mine(inputs), mine(targets)).backward()
         loss(reference, inputs, targets).backward()
@@ -139,6 +177,18 @@ def test_zero_accumulates_backward_passes_in_stage_2():
     plain.step()
     for (name, a), b in zip(net.named_parameters(), reference.parameters()):
         assert_close(a, b, name)
+    zero.zero_grad()
+    plain.zero_grad()
+    loss(net, mine(x3), mine(y3)).backward()
+    loss(reference, x3, y3).backward()
+    if P > 1:
+        with pytest.raises(RuntimeError, match=r"zero_grad\(\) was called after backward\(\) and before step"):
+            zero.zero_grad()
+    zero.step()
+    plain.step()
+    for (name, a), b in zip(net.named_parameters(), reference.parameters()):
+        assert_close(a, b, name)
+    assert_nothing_in_flight()
 
 
 @pytest.mark.mpi

@@ -15,15 +15,22 @@ A buffer whose length or dtype differs between ranks raises ``ValueError`` on ev
 (``signature.py``): on one node every rank compares every peer's published word before it reads
 any, and by messages every rank receives from every other.
 """
+from typing import Sequence
+
+import numpy as np
 from numba import njit
 
 from . import register
 from .. import direct
 from ...blocks import shard_bounds
 from ...kernels import reduce as _loops
-from ..signature import BAD, mismatch, sendrecv, tag as signature
+from ..signature import BAD, dtype_code, mismatch, sendrecv, tag as signature
 
 TAG = 207
+#: The code the parts form (``parts``) publishes in its word where the flat form publishes
+#: ``TAG``: a rank in one form and a rank in the other void the call instead of reading each
+#: other's addresses as data.
+PARTS = 215
 #: Scratch slot of the library's communicator (``LibraryComm.scratch``) used here.
 INCOMING = 45
 
@@ -70,3 +77,61 @@ def reduce_scatter(comm, buf, out, op):
         op.combine(out, incoming, k == p - 1)
     if tag & BAD:
         raise mismatch(comm, buf, "pairwise", "reduce_scatter", result="out")
+
+
+@njit(cache=True, nogil=True)
+def _direct_parts(addresses, offsets, out, lo, state, piece, iov, code, divisor, tables):
+    """``_direct`` over a buffer held in parts (``direct.pull_parts``): each rank publishes the
+    addresses of its parts, every peer's are read first (into ``tables[peer]``), then the same
+    pieces, folds and order as ``_direct``, so the block is bitwise ``_direct``'s on the parts
+    laid end to end."""
+    first = direct.begin_word(state, addresses, (offsets[-1] << 10) | ((PARTS & 255) << 2) | dtype_code(out))
+    if direct.wait_all(state, first) != 0:
+        return direct.MISMATCH
+    rank, size = state[0], state[1]
+    tables[rank, :] = addresses
+    for k in range(1, size):
+        peer = (rank + k) % size
+        if direct.pull(state, peer, tables[peer], direct.address_of(state, peer), iov) != 0:
+            return -1
+    start, n = 0, out.size
+    while start < n:
+        stop = min(start + piece.size, n)
+        mine, theirs = out[start:stop], piece[:stop - start]
+        if direct.pull_parts(state, rank, mine, lo + start, offsets, addresses, iov) != 0:
+            return -1
+        for k in range(1, size):
+            peer = (rank + k) % size
+            if direct.pull_parts(state, peer, theirs, lo + start, offsets, tables[peer], iov) != 0:
+                return -1
+            _loops.combine(mine, theirs, code)
+        if divisor != 0:
+            _loops.divide(mine, divisor)
+        start = stop
+    return direct.leave(state, first)
+
+
+def parts(comm, arrays: Sequence[np.ndarray], out: np.ndarray, op) -> bool:
+    """Block r of the reduction of ``arrays`` laid end to end (1-D, C-contiguous, one dtype, the
+    same lengths in the same order on every rank) into ``out``, read straight out of every
+    rank's arrays, without copying them into one buffer first; ``False`` (nothing done) where
+    ``comm``'s ranks cannot read each other's memory or ``op`` has no compiled kernel: the caller
+    then lays the arrays out in one buffer and calls ``reduce_scatter``. Collective; every rank
+    gets the same answer."""
+    peers = direct.peers_for(comm)
+    if peers is None or op.code is None:
+        return False
+    offsets = np.zeros(len(arrays) + 1, np.int64)
+    np.cumsum([a.size for a in arrays], out=offsets[1:])
+    addresses = np.array([a.ctypes.data for a in arrays], np.int64)
+    tables = np.empty((comm.nranks, len(arrays)), np.int64)
+    lo = shard_bounds(int(offsets[-1]), comm.nranks)[comm.myrank]
+    done = _direct_parts(addresses, offsets, out, lo, peers.state, peers.piece(out.dtype), peers.iov, op.code,
+                         op.divisor, tables)
+    if done == direct.MISMATCH:
+        raise ValueError(f"reduce_scatter: the parts' total length or dtype differs between ranks "
+                         f"(rank {comm.myrank}: {int(offsets[-1])} x {out.dtype})")
+    if done != 0:
+        raise RuntimeError(f"reduce_scatter(algorithm='pairwise'): reading a peer's buffer failed on rank "
+                           f"{comm.myrank}; set {direct.ENV}=0 to use messages")
+    return True
