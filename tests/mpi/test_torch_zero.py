@@ -69,6 +69,24 @@ def assert_nothing_in_flight():
 
 # -- ZeroRedundancyOptimizer ---------------------------------------------------------------------
 
+def train_side_by_side(opt, net, plain, reference, data, what=None, after_step=lambda: None):
+    """Steps of ``opt`` over ``net`` on this rank's share of each batch beside ``plain`` over
+    ``reference`` on the whole batch, nothing left in flight after each (and ``after_step()``);
+    then, given ``what``, every parameter of ``net`` close to ``reference``'s."""
+    for x, y in data:
+        opt.zero_grad()
+        plain.zero_grad()
+        loss(net, mine(x), mine(y)).backward()
+        loss(reference, x, y).backward()
+        opt.step()
+        plain.step()
+        assert_nothing_in_flight()
+        after_step()
+    if what is not None:
+        for (name, a), b in zip(net.named_parameters(), reference.parameters()):
+            assert_close(a, b, f"{what}: {name}")
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("stage,overlap", [(1, None), (2, True), (2, False)])
 def test_zero_on_p_ranks_trains_as_one_process_and_its_state_is_the_plain_optimizers(stage, overlap):
@@ -78,16 +96,7 @@ def test_zero_on_p_ranks_trains_as_one_process_and_its_state_is_the_plain_optimi
                                            overlap=overlap, **settings)
         assert len(zero._buckets) > 1, "the test means several buckets"
         plain = optimizer_class(reference.parameters(), **settings)
-        for x, y in batches():
-            zero.zero_grad()
-            plain.zero_grad()
-            loss(net, mine(x), mine(y)).backward()
-            loss(reference, x, y).backward()
-            zero.step()
-            plain.step()
-            assert_nothing_in_flight()
-        for (name, a), b in zip(net.named_parameters(), reference.parameters()):
-            assert_close(a, b, f"{optimizer_class.__name__} stage {stage}: {name}")
+        train_side_by_side(zero, net, plain, reference, batches(), f"{optimizer_class.__name__} stage {stage}")
         to = P - 1
         zero.consolidate_state_dict(to=to)
         if RANK == to:
@@ -123,17 +132,8 @@ def test_zero_with_a_large_bucket_and_a_gradient_never_made_trains_as_one_proces
                                        lr=0.05, momentum=0.9)
     plain = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
     g = torch.Generator().manual_seed(2)
-    for _ in range(STEPS):
-        x, y = torch.randn(P * BATCH, 130, generator=g), torch.randn(P * BATCH, 3, generator=g)
-        zero.zero_grad()
-        plain.zero_grad()
-        loss(net, mine(x), mine(y)).backward()
-        loss(reference, x, y).backward()
-        zero.step()
-        plain.step()
-        assert_nothing_in_flight()
-    for (name, a), b in zip(net.named_parameters(), reference.parameters()):
-        assert_close(a, b, f"stage {stage}: {name}")
+    data = [(torch.randn(P * BATCH, 130, generator=g), torch.randn(P * BATCH, 3, generator=g)) for _ in range(STEPS)]
+    train_side_by_side(zero, net, plain, reference, data, f"stage {stage}")
 
 
 @pytest.mark.mpi
@@ -149,15 +149,7 @@ def test_zero_loads_a_plain_optimizers_state_and_goes_on_as_it_does():
     zero = hvd.ZeroRedundancyOptimizer(net.parameters(), torch.optim.Adam, stage=2, bucket_mb=0.0003, lr=0.5)
     zero.load_state_dict(plain.state_dict())
     assert zero.param_groups[0]["lr"] == 0.01 and zero.optim.param_groups[0]["lr"] == 0.01
-    x, y = data[2]
-    zero.zero_grad()
-    plain.zero_grad()
-    loss(net, mine(x), mine(y)).backward()
-    loss(reference, x, y).backward()
-    zero.step()
-    plain.step()
-    for (name, a), b in zip(net.named_parameters(), reference.parameters()):
-        assert_close(a, b, name)
+    train_side_by_side(zero, net, plain, reference, data[2:], "after loading")
 
 
 @pytest.mark.mpi
@@ -235,16 +227,12 @@ def test_fully_shard_on_p_ranks_trains_as_one_process(prefetch):
             layer.module.register_forward_pre_hook(lambda *_: live.append(sharding._live()))
         opt = torch.optim.Adam(net.parameters(), lr=0.01)
         plain = torch.optim.Adam(reference.parameters(), lr=0.01)
-        for x, y in batches():
-            opt.zero_grad()
-            plain.zero_grad()
-            loss(net, mine(x), mine(y)).backward()
-            loss(reference, x, y).backward()
-            opt.step()
-            plain.step()
-            assert_nothing_in_flight()
+
+        def freed():
             assert all(layer.full.untyped_storage().nbytes() == 0 for layer in sharding.layers), \
                 "a layer's gathered parameters outlived backward"
+
+        train_side_by_side(opt, net, plain, reference, batches(), after_step=freed)
         assert max(live) <= prefetch + 1, f"{max(live)} layers whole at once with prefetch={prefetch}"
         own = [n for n, _ in net.named_parameters()]
         assert own and all(n.endswith("flat_shard") for n in own)
