@@ -81,11 +81,9 @@ def problems(args: Any, ranks: int, given: Set[str]) -> Optional[str]:
         return f"argument --micro-batches: {M} does not divide --batch-size {args.batch_size}"
     if V > 1 and args.schedule != "interleaved":
         return f"argument --virtual-stages: only with --schedule interleaved (got --schedule {args.schedule})"
-    if args.schedule == "interleaved" and M % schedules.interleaved_rounds(S, M):
-        rounds = schedules.interleaved_rounds(S, M)
-        return (f"argument --micro-batches: --schedule interleaved takes micro-batches in max(1, M // S) = {rounds} "
-                f"equal rounds: {M} does not divide by {rounds} (with {S} stages: any M below {2 * S}, or a multiple "
-                f"of the round count)")
+    problem = schedules.interleaved_problem(S, M) if args.schedule == "interleaved" else None
+    if problem:
+        return f"argument --micro-batches: --schedule interleaved {problem}"
     if args.split is not None:
         problem = check_split(args.split, layers, S * V)
         if problem:

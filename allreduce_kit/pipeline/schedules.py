@@ -84,12 +84,12 @@ def interleaved_rounds(stages: int, micro_batches: int) -> int:
 
 
 def interleaved_problem(stages: int, micro_batches: int) -> Optional[str]:
-    """Why the interleaved schedule cannot take M micro-batches over S stages, or None."""
+    """Why the interleaved schedule cannot take M micro-batches over S stages (the end of a
+    sentence whose subject is the schedule), or None."""
     rounds = interleaved_rounds(stages, micro_batches)
     if micro_batches % rounds:
-        return (f"the interleaved schedule takes micro-batches in max(1, M // S) = {rounds} equal rounds: "
-                f"micro_batches={micro_batches} does not divide by {rounds} (with {stages} stages: any M below "
-                f"{2 * stages}, or a multiple of the round count)")
+        return (f"takes micro-batches in max(1, M // S) = {rounds} equal rounds: {micro_batches} does not divide "
+                f"by {rounds} (with {stages} stages: any M below {2 * stages}, or a multiple of the round count)")
     return None
 
 
@@ -105,7 +105,7 @@ def _check(stages: int, micro_batches: int, virtual: int, schedule: str) -> None
         raise ValueError("virtual_stages > 1 needs at least 2 stages (a rank would send to itself)")
     problem = interleaved_problem(stages, micro_batches) if schedule == "interleaved" else None
     if problem:
-        raise ValueError(problem)
+        raise ValueError(f"the interleaved schedule {problem}")
 
 
 def _gpipe(rank: int, S: int, M: int) -> List[Action]:

@@ -199,10 +199,10 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     and dtype); ``overlap`` (stage 2): each bucket reduced on the progress thread while backward
     goes on (True) or in backward's hook on the calling thread (False); by default True where
     the node has a core to spare beyond its ranks' torch threads (``DistributedOptimizer``'s
-    rule): with every core computing, the thread only takes time from backward. ``step()``, ``zero_grad()``, ``consolidate_state_dict(to)``, ``state_dict()``
-    (on rank ``to``: every parameter's state, in ``torch.optim``'s format, as a plain
-    ``optimizer_class`` on one process would hold it), ``load_state_dict()`` (that format, from
-    any run at any rank count). ``add_param_group`` after construction is not supported.
+    rule): with every core computing, the thread only takes time from backward. ``step()``,
+    ``zero_grad()``, ``consolidate_state_dict(to)``, ``state_dict()`` (on rank ``to``: every
+    parameter's state, in ``torch.optim``'s format, as a plain ``optimizer_class`` on one process
+    would hold it), ``load_state_dict()`` (that format, from any run at any rank count). ``add_param_group`` after construction is not supported.
     """
 
     def __init__(self, params, optimizer_class: type, process_group: Any = None, parameters_as_bucket_view: bool = False,
@@ -330,10 +330,10 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             self._ready = [0] * len(self._buckets)
 
     def _launch(self, k: int) -> None:
-        """Copy bucket ``k``'s gradients into a flat buffer, drop the parameters' ``.grad``, and
-        reduce-scatter (mean) the buffer into this rank's block: at once, on this thread, from the
-        buffer stage 1 uses (``overlap`` off), or started on the progress thread from a buffer of
-        its own, waited for in ``step()``."""
+        """Reduce-scatter (mean) bucket ``k``'s gradients into this rank's block and drop the
+        parameters' ``.grad``: at once, on this thread, as stage 1 does (``overlap`` off), or
+        copied into a buffer of their own whose reduce-scatter starts on the progress thread and
+        is waited for in ``step()``."""
         bucket = self._buckets[k]
         if not self._overlap:
             first = not self._reduced[k]
