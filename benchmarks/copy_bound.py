@@ -13,9 +13,23 @@ copy is the ``floor``. Per size it prints, as medians over ``--repeats`` samples
 the slowest rank's time), the floor, MPI's call and ``auto``'s, and ``floor / MPI``: the least
 fraction of MPI's time any algorithm can reach. Where that is above a target ratio, the target
 cannot be met on this machine.
+
+The floor pretends the bytes are already in the rank's own memory. They are in another
+process's, and there are two ways to get them out of it: one copy by the kernel
+(``process_vm_readv``, MPI's "CMA" path and ``pairwise``'s), timed as ``cma`` (every rank reading
+its (p-1)/p n out of its peers' buffers at once), or two copies through memory the ranks share
+(each byte copied in by its owner, then out by the others), at least a copy of n bytes per rank
+at once, timed as ``staged``. For allgather and broadcast, whose ranks only move bytes, no
+algorithm can beat the faster of the two: ``bound / MPI`` is the least fraction of MPI's time
+they can reach with ``buf`` and ``out`` in the ranks' own memory, with ``bound`` ``min(cma,
+staged)`` for broadcast and, for allgather, whose ranks also copy their own block into ``out``
+(``own``), ``min(own + cma, staged)``. A reduce-scatter's folds read the bytes where they lie,
+so its ``bound`` is the floor.
 """
 import argparse
+import ctypes
 import json
+import os
 import sys
 import time
 
@@ -26,9 +40,16 @@ import allreduce_kit as ak
 from allreduce_kit.bench.__main__ import parse_bytes
 
 
-def slowest(comm, run, repeats: int) -> float:
-    """Median over ``repeats`` of the slowest rank's time of ``run()`` (after a barrier), in ms."""
-    run()
+#: Untimed calls of ``auto`` before its samples: its first calls of a size take turns among its
+#: candidates (online tuning, docs/auto.md) until it settles on one.
+SETTLE = 30
+
+
+def slowest(comm, run, repeats: int, warmup: int = 1) -> float:
+    """Median over ``repeats`` of the slowest rank's time of ``run()`` (after a barrier), in ms,
+    after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        run()
     samples = []
     for _ in range(repeats):
         comm.Barrier()
@@ -36,6 +57,46 @@ def slowest(comm, run, repeats: int) -> float:
         run()
         samples.append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
     return float(np.median(samples)) * 1e3
+
+
+class _IOVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("length", ctypes.c_size_t)]
+
+
+def cma_reader(comm, source: np.ndarray, target: np.ndarray):
+    """A function that fills ``target`` (this rank's (p-1)/p of the buffer, ``floor``'s length) with
+    each peer's block of its ``source`` (the whole buffer) by ``process_vm_readv``, a block per
+    peer; None where the ranks cannot read each other's memory."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    read = libc.process_vm_readv
+    read.restype = ctypes.c_ssize_t
+    read.argtypes = [ctypes.c_int, ctypes.POINTER(_IOVec), ctypes.c_ulong, ctypes.POINTER(_IOVec), ctypes.c_ulong,
+                     ctypes.c_ulong]
+    p, rank = comm.Get_size(), comm.Get_rank()
+    peers = comm.allgather((os.getpid(), source.ctypes.data))
+    bounds = ak.shard_bounds(source.size, p)
+    calls, at = [], 0
+    for q in range(p):
+        if q == rank:
+            continue
+        length = (bounds[q + 1] - bounds[q]) * source.itemsize
+        local = _IOVec(target.ctypes.data + at, length)
+        remote = _IOVec(peers[q][1] + bounds[q] * source.itemsize, length)
+        calls.append((peers[q][0], local, remote, length))
+        at += length
+    if at > target.nbytes:
+        raise ValueError("cma_reader: target is shorter than the peers' blocks")
+
+    def run(keep=(source, target)) -> None:   # the arrays live as long as the reads do
+        for pid, local, remote, length in calls:
+            if read(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0) != length:
+                raise OSError(ctypes.get_errno(), "process_vm_readv")
+    try:
+        run()
+        ok = True
+    except OSError:
+        ok = False
+    return run if all(comm.allgather(ok)) else None
 
 
 def positive(text: str) -> int:
@@ -62,6 +123,10 @@ def main(argv=None) -> int:
         source, target = np.ones(share, np.float32), np.zeros(share, np.float32)
         buf, out, whole = np.ones(n, np.float32), np.empty(hi - lo, np.float32), np.empty(n, np.float32)
         floor = slowest(comm, lambda: np.copyto(target, source), args.repeats)
+        staged = slowest(comm, lambda: np.copyto(whole, buf), args.repeats)
+        own = slowest(comm, lambda: np.copyto(out, buf[lo:hi]), args.repeats)
+        read = cma_reader(comm, buf, np.zeros(n - (hi - lo), np.float32))   # the peers' blocks, end to end
+        cma = slowest(comm, read, args.repeats) if read is not None else float("inf")
         lengths = [b - a for a, b in zip(ak.shard_bounds(n, p), ak.shard_bounds(n, p)[1:])]
         even = min(lengths) == max(lengths)  # MPI's calls as the bench makes them
         calls = {
@@ -74,16 +139,19 @@ def main(argv=None) -> int:
             "broadcast": (lambda: ak.broadcast(whole, 0), lambda: comm.Bcast(whole, 0)),
         }
         for name, (ours, theirs) in calls.items():
-            mpi, auto = slowest(comm, theirs, args.repeats), slowest(comm, ours, args.repeats)
-            rows.append({"collective": name, "bytes": n * 4, "ranks": p, "floor_ms": floor, "mpi_ms": mpi,
-                         "auto_ms": auto, "floor_over_mpi": floor / mpi, "auto_over_mpi": auto / mpi})
+            mpi, auto = slowest(comm, theirs, args.repeats), slowest(comm, ours, args.repeats, SETTLE)
+            bound = {"reduce_scatter": floor, "allgather": min(own + cma, staged), "broadcast": min(cma, staged)}[name]
+            rows.append({"collective": name, "bytes": n * 4, "ranks": p, "floor_ms": floor, "cma_ms": cma,
+                         "staged_ms": staged, "own_ms": own, "mpi_ms": mpi, "auto_ms": auto, "floor_over_mpi": floor / mpi,
+                         "bound_over_mpi": bound / mpi, "auto_over_mpi": auto / mpi})
     if rank == 0:
         sys.stdout.write(f"# {p} ranks, {MPI.Get_library_version().splitlines()[0]}\n"
-                         f"{'collective':>15} {'bytes':>10} {'floor ms':>9} {'mpi ms':>9} {'auto ms':>9} "
-                         f"{'floor/mpi':>9} {'auto/mpi':>9}\n")
+                         f"{'collective':>15} {'bytes':>10} {'floor ms':>9} {'cma ms':>9} {'staged ms':>9} "
+                         f"{'mpi ms':>9} {'auto ms':>9} {'floor/mpi':>9} {'bound/mpi':>9} {'auto/mpi':>9}\n")
         for row in rows:
-            sys.stdout.write(f"{row['collective']:>15} {row['bytes']:>10} {row['floor_ms']:9.2f} {row['mpi_ms']:9.2f} "
-                             f"{row['auto_ms']:9.2f} {row['floor_over_mpi']:9.2f} {row['auto_over_mpi']:9.2f}\n")
+            sys.stdout.write(f"{row['collective']:>15} {row['bytes']:>10} {row['floor_ms']:9.2f} {row['cma_ms']:9.2f} "
+                             f"{row['staged_ms']:9.2f} {row['mpi_ms']:9.2f} {row['auto_ms']:9.2f} "
+                             f"{row['floor_over_mpi']:9.2f} {row['bound_over_mpi']:9.2f} {row['auto_over_mpi']:9.2f}\n")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=1)
