@@ -117,8 +117,9 @@ YIELD = Setting("ALLREDUCE_KIT_YIELD", boolean, True,
                 "cores; 0 leaves them alone")
 WAIT = Setting("ALLREDUCE_KIT_WAIT", wait_mode, "auto",
                "how ranks wait on a node's shared flags: spin, yield (sched_yield each turn) or block (a few "
-               "yields, then sleep until woken); auto: spin if every rank has a core, else yield; block is "
-               "faster only on a machine busy with other work; rank 0's value holds for the node")
+               "yields, then sleep until woken); auto: spin if every rank has a core, else yield for up to 1 ms, "
+               "then sleep until woken; block is faster only on a machine busy with other work; rank 0's value "
+               "holds for the node")
 ABORT_ON_ERROR = Setting("ALLREDUCE_KIT_ABORT_ON_ERROR", boolean, True,
                          "the CLIs and python -m allreduce_kit.run abort the whole job when one rank "
                          "raises an uncaught exception; 0 leaves the default (the other ranks hang)")

@@ -15,7 +15,8 @@ from allreduce_kit.algorithms import spin
 
 @pytest.mark.parametrize("oversubscribed,requested,blocking,expected", [
     (False, "auto", True, "spin"),     # a core each: nothing to hand over
-    (True, "auto", True, "yield"),     # sleeping pays only on a machine busy with other work
+    (True, "auto", True, "block"),     # yields first, sleeps only once a wait has lasted NAP_AFTER_NS
+    (True, "auto", False, "yield"),    # no futex here
     (True, "block", False, "yield"),   # no futex here
     (True, "yield", True, "yield"),
     (False, "block", True, "block"),
@@ -51,9 +52,16 @@ def test_a_new_session_is_a_new_scheduler_group():
     assert apart.stdout.strip() != spin.scheduler_group()
 
 
+def test_only_autos_block_yields_for_a_time_before_it_sleeps():
+    assert spin.nap_after("auto", "block") == spin.NAP_AFTER_NS > 0
+    assert spin.nap_after("block", "block") == spin.nap_after("auto", "spin") == spin.nap_after("auto", "yield") == 0
+
+
 @pytest.mark.skipif(not spin.can_block(), reason="no futex wait on this machine")
-def test_a_sleeping_wait_is_woken_by_the_raise_of_its_flag():
-    record = spin.wait_record("block")
+@pytest.mark.parametrize("budget_ns", [0, spin.NAP_AFTER_NS])
+def test_a_sleeping_wait_is_woken_by_the_raise_of_its_flag(budget_ns):
+    record = spin.wait_record("block", budget_ns)
+    assert record[7] == budget_ns
     record[5] = 30  # a sleep times out after 30 s: only the raise's wake can end the wait in time
     wait = record.ctypes.data
     line = np.zeros(8, np.int64)  # a flag's cache line: the flag, and its sleeper count at WAITERS
@@ -78,5 +86,6 @@ def test_a_sleeping_wait_is_woken_by_the_raise_of_its_flag():
 @pytest.mark.parametrize("mode", ["spin", "yield"])
 def test_only_a_blocking_wait_sleeps(mode):
     assert spin.wait_record(mode)[4] == -1
+    assert spin.wait_record(mode, spin.NAP_AFTER_NS)[7] == 0   # a budget only delays a sleep
     if spin.can_block():
         assert spin.wait_record("block")[4] == spin.BLOCK_AFTER

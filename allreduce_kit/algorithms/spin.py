@@ -16,9 +16,13 @@ rank of the node):
   sleeper costs no system call. Linux's autogroups give every session a scheduler group, MPICH's
   launcher (hydra) starts every rank in a session of its own, and ``sched_yield`` hands the
   core only within a group; on a machine busy with other work a yielding rank then keeps the
-  core it waits on, and sleeping is several times faster. On an idle machine yielding is (each
-  wake costs a system call and a trip through the scheduler), so ``auto`` yields
-  (``scheduler_group`` tells which group a process runs in).
+  core it waits on, and sleeping is several times faster. On an idle machine a short wait is
+  faster yielding (each wake costs a system call and a trip through the scheduler).
+- ``auto`` where ranks share cores: ``block`` whose waits yield for ``NAP_AFTER_NS`` before they
+  sleep. A wait for a small collective's peers ends within that time and never pays for a
+  wake; a wait for a rank that is still computing (ranks reaching a collective at different
+  times, ms apart) stops taking turns on the core the late rank needs.
+  ``scheduler_group`` tells which group a process runs in.
 
 ``ALLREDUCE_KIT_WAIT`` overrides the choice.
 """
@@ -33,6 +37,7 @@ import numpy as np
 from llvmlite import ir
 from mpi4py import MPI
 from numba import njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .. import config
@@ -42,6 +47,9 @@ SPIN, YIELD, BLOCK = 0, 1, 2
 MODES = {"spin": SPIN, "yield": YIELD, "block": BLOCK}
 #: In ``block`` mode, turns a wait yields before it sleeps.
 BLOCK_AFTER = 4
+#: With ``ALLREDUCE_KIT_WAIT=auto`` where ranks share cores: how long a wait yields before it
+#: sleeps, in nanoseconds (small collectives' waits end sooner, and never sleep).
+NAP_AFTER_NS = 1_000_000
 #: Longest sleep of one ``futex`` wait, in nanoseconds; a wait that times out reads the flag and
 #: sleeps again, so a wake that never comes costs this much, never a hang.
 SLEEP_NS = 1_000_000
@@ -51,8 +59,12 @@ WAITERS = 24
 _FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98, "ppc64le": 221, "riscv64": 98}
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 #: The ``wait`` record's words: mode, ``sched_yield``'s address, ``syscall``'s address, the futex
-#: call's number, turns before a wait sleeps (-1: never), then a ``struct timespec`` of ``SLEEP_NS``.
-_MODE, _YIELD, _SYSCALL, _NUMBER, _AFTER, _TIMEOUT = 0, 8, 16, 24, 32, 40
+#: call's number, turns before a wait sleeps (-1: never), a ``struct timespec`` of ``SLEEP_NS``,
+#: nanoseconds a wait yields before it sleeps (0: it sleeps after the turns alone), and
+#: ``clock_gettime``'s address.
+_MODE, _YIELD, _SYSCALL, _NUMBER, _AFTER, _TIMEOUT, _BUDGET, _CLOCK = 0, 8, 16, 24, 32, 40, 56, 64
+#: ``clock_gettime``'s clock: ``CLOCK_MONOTONIC`` (Linux).
+_MONOTONIC = 1
 
 
 @intrinsic
@@ -151,6 +163,25 @@ def system_call(typingctx, function, number, a, b, c, d):
     return sig, codegen
 
 
+@intrinsic
+def monotonic_ns(typingctx, function):
+    """``CLOCK_MONOTONIC`` in nanoseconds, by libc's ``clock_gettime`` at address ``function``."""
+    sig = types.int64(function)
+
+    def codegen(context, builder, signature, args):
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        timespec = ir.ArrayType(i64, 2)
+        slot = cgutils.alloca_once(builder, timespec)
+        fnty = ir.FunctionType(i32, [i32, timespec.as_pointer()])
+        builder.call(builder.inttoptr(args[0], fnty.as_pointer()), [ir.Constant(i32, _MONOTONIC), slot])
+        zero = ir.Constant(i32, 0)
+        seconds = builder.load(builder.gep(slot, [zero, zero]))
+        nanoseconds = builder.load(builder.gep(slot, [zero, ir.Constant(i32, 1)]))
+        return builder.add(builder.mul(seconds, ir.Constant(i64, 1_000_000_000)), nanoseconds)
+
+    return sig, codegen
+
+
 @njit(cache=True, nogil=True)
 def _sleep_on(address, target, wait):
     """Sleep until the flag at ``address`` changes, is woken, or ``SLEEP_NS`` pass; counted among
@@ -179,7 +210,8 @@ def wait_until(address, target, yield_fn):
 def wait_on(address, target, wait):
     """Until the int64 at ``address`` is at least ``target``; returns the value seen. ``wait``:
     the address of a window's ``wait`` record (spin, or yield the core each turn, and in ``block``
-    mode sleep after a few turns), or 0 to spin only."""
+    mode sleep after a few turns, or once the record's budget of yielding is spent), or 0 to
+    spin only."""
     seen = load_acquire(address)
     if wait == 0:
         while seen < target:
@@ -187,10 +219,18 @@ def wait_on(address, target, wait):
         return seen
     spinning = load_acquire(wait + _MODE) == SPIN
     after = load_acquire(wait + _AFTER)
-    turns = 0
+    budget = load_acquire(wait + _BUDGET) if after >= 0 else 0
+    turns, since = 0, 0
     while seen < target:
-        if after >= 0 and turns >= after:
+        if after >= 0 and turns >= after and budget == 0:
             _sleep_on(address, target, wait)
+        elif after >= 0 and turns >= after:   # the turns are up: yield until the budget is spent too
+            now = monotonic_ns(load_acquire(wait + _CLOCK))
+            if since == 0:
+                since = now
+            if now - since >= budget:
+                budget = 0
+            call(load_acquire(wait + _YIELD))
         elif not spinning:
             call(load_acquire(wait + _YIELD))
         turns += 1
@@ -249,25 +289,36 @@ def scheduler_group() -> str:
 
 def wait_mode(oversubscribed: bool, requested: str = "auto", blocking: bool = True) -> str:
     """How the ranks of a node wait (module docstring): ``requested`` unless ``auto``; else
-    ``spin`` if every rank has a core, or ``yield``, in one scheduler group or several.
-    ``block`` becomes ``yield`` where ``blocking`` (``can_block`` on every rank) is False."""
+    ``spin`` if every rank has a core, or ``block`` (its waits yielding ``NAP_AFTER_NS`` first:
+    ``nap_after``). ``block`` becomes ``yield`` where ``blocking`` (``can_block`` on every rank)
+    is False."""
     if requested not in ("auto", *MODES):
         raise ValueError(f"wait mode must be one of auto, {', '.join(MODES)}; got {requested!r}")
     if requested == "auto":
-        requested = "spin" if not oversubscribed else "yield"
+        requested = "spin" if not oversubscribed else "block"
     return "yield" if requested == "block" and not blocking else requested
 
 
-def wait_record(mode: str) -> np.ndarray:
-    """The ``wait`` record ``wait_on`` and ``raise_flag`` read for ``mode``."""
-    record = np.zeros(7, np.int64)
+def nap_after(requested: str, mode: str) -> int:
+    """Nanoseconds a ``mode`` wait yields before it sleeps when ``requested`` chose it:
+    ``NAP_AFTER_NS`` for ``auto``'s ``block``, 0 (the turns alone) for ``block`` asked for."""
+    return NAP_AFTER_NS if requested == "auto" and mode == "block" else 0
+
+
+def wait_record(mode: str, budget_ns: int = 0) -> np.ndarray:
+    """The ``wait`` record ``wait_on`` and ``raise_flag`` read for ``mode``; a ``block`` wait
+    sleeps after ``BLOCK_AFTER`` turns and, if ``budget_ns``, once it has yielded that long."""
+    record = np.zeros(9, np.int64)
     record[0] = MODES[mode]
     record[1] = address_of_sched_yield()
     sleeps = mode == "block" and can_block()
+    clock = _libc("clock_gettime")
     if sleeps:
         record[2], record[3] = _libc("syscall"), _FUTEX[platform.machine().lower()]
     record[4] = BLOCK_AFTER if sleeps else -1
     record[5], record[6] = SLEEP_NS // 1_000_000_000, SLEEP_NS % 1_000_000_000
+    record[7] = budget_ns if sleeps and clock else 0
+    record[8] = clock
     return record
 
 
@@ -305,7 +356,7 @@ class NodeWindow:
             node.Free()
             raise ValueError(str(requested))
         self.mode = wait_mode(oversubscribed, requested, node.allreduce(can_block(), MPI.LAND))
-        self.record = wait_record(self.mode)
+        self.record = wait_record(self.mode, nap_after(requested, self.mode))
         _WINDOWS.add(self)
         self.wait = self.record.ctypes.data
         # Rank 0 allocates the whole window, so it is one contiguous block for every rank.

@@ -37,10 +37,15 @@ def test_every_wait_mode_gives_the_exact_sum(mode):
             assert windows, "no shared window was made on one node"
         for window in windows:
             assert len(set(comm.allgather(window.mode))) == 1
+            blocking = comm.allreduce(spin.can_block(), MPI.LAND)
             if mode != "auto":
-                assert window.mode == mode
-            else:
-                assert window.mode == ("yield" if lib.oversubscribed else "spin")
+                assert window.mode == (mode if blocking or mode != "block" else "yield")
+                assert window.record[7] == 0
+            elif not lib.oversubscribed:
+                assert window.mode == "spin"
+            else:   # yielding first, then sleeping, where the node can sleep
+                assert window.mode == ("block" if blocking else "yield")
+                assert window.record[7] == (spin.NAP_AFTER_NS if blocking else 0)
     finally:
         release(comm)
         if before is None:
